@@ -1,0 +1,1 @@
+"""Shared infrastructure: seeding, configs, results, statistics, plotting, progress, data and tiny nets."""
