@@ -1,0 +1,40 @@
+"""SpikeZIP-TF (ICML 2024, arXiv:2406.03470): exact QANN -> spiking-transformer conversion.
+
+Pipeline: a ReLU transformer -> :func:`quantize` (LSQ quantizers; train it: QAT) -> :func:`convert` (ST-BIF
+neurons + spike-equivalent operators) -> :func:`simulate` until quiescence; ``sum_t out_t == QANN(x)``.
+"""
+
+from icml24.spikezip_tf.qann import (
+    NONLINEAR_ACTIVATIONS,
+    QAttention,
+    Quantizer,
+    additive_mask,
+    calibrate,
+    check_activations,
+    quantize,
+    quantizers,
+)
+from icml24.spikezip_tf.snn import (
+    SimulationResult,
+    SpikeConv2d,
+    SpikeLinear,
+    SpikeMatmul,
+    SpikingAttention,
+    SpikingLayerNorm,
+    SpikingModel,
+    SpikingSoftmax,
+    STBIFNeuron,
+    convert,
+    count_macs,
+    register_runner,
+    simulate,
+)
+from icml24.spikezip_tf.text import MaskedAttention, TextBlock, TinyTextEncoder
+
+__all__ = [
+    "NONLINEAR_ACTIVATIONS", "QAttention", "Quantizer", "additive_mask", "calibrate", "check_activations",
+    "quantize", "quantizers",
+    "SimulationResult", "SpikeConv2d", "SpikeLinear", "SpikeMatmul", "SpikingAttention", "SpikingLayerNorm",
+    "SpikingModel", "SpikingSoftmax", "STBIFNeuron", "convert", "count_macs", "register_runner", "simulate",
+    "MaskedAttention", "TextBlock", "TinyTextEncoder",
+]

@@ -1,0 +1,250 @@
+"""The quantized ANN (QANN) of SpikeZIP-TF: LSQ-style quantizers inserted into a ReLU transformer.
+
+Paper: "SpikeZIP-TF: Conversion is All You Need for Transformer-based SNN", You, Xu et al., ICML 2024,
+arXiv:2406.03470; official code: github.com/Intelligent-Computing-Research-Group/SpikeZIP_transformer
+(``spike_quan_layer.MyQuan``, ``spike_quan_wrapper.myquan_replace``).
+
+Quantizer with L levels and step (threshold) s, round-half-up (QCFS-style shift 1/2):
+
+    Q(x) = s * clamp(floor(x / s + 1/2), n_min, p_max),
+    sym:  [n_min, p_max] = [-(L // 2), L // 2 - 1];   unsigned: [0, L - 1]
+
+trained with a straight-through floor and LSQ's gradient scale g = 1 / sqrt(p_max * numel(x)).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from icml24.common.nets import Attention, Mlp, PatchEmbed
+
+__all__ = ["Quantizer", "QAttention", "quantize", "calibrate", "quantizers", "additive_mask",
+           "check_activations", "NONLINEAR_ACTIVATIONS"]
+
+#: activation modules that a spiking network cannot reproduce (only ReLU, merged into an unsigned quantizer, can)
+NONLINEAR_ACTIVATIONS: tuple[type[nn.Module], ...] = (
+    nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.ELU, nn.SELU, nn.CELU, nn.LeakyReLU, nn.PReLU, nn.RReLU,
+    nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Mish, nn.Softplus, nn.Softsign, nn.Tanhshrink, nn.GLU,
+    nn.LogSigmoid, nn.Threshold, nn.Softshrink, nn.Hardshrink, nn.ReLU6,
+)
+
+
+def check_activations(model: nn.Module, *, who: str = "spikezip_tf") -> None:
+    """Raise ``TypeError`` naming the first activation module that is not ``nn.ReLU``.
+
+    ``nn.ReLU6`` counts as non-ReLU (its upper clip is not part of the unsigned quantizer). Activations called
+    functionally inside a ``forward`` cannot be seen here.
+    """
+    for name, m in model.named_modules():
+        if isinstance(m, NONLINEAR_ACTIVATIONS):
+            raise TypeError(
+                f"{who}: module '{name}' is {type(m).__name__}; only nn.ReLU activations can be converted to "
+                f"spikes (build the model with act_layer=nn.ReLU)")
+
+
+def _check_level(level: int, name: str = "level") -> None:
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise TypeError(f"spikezip_tf: {name} must be an int, got {type(level).__name__}")
+    if level < 2:
+        raise ValueError(f"spikezip_tf: {name} (quantization levels L) must be >= 2, got {level}")
+
+
+def _floor_pass(x: torch.Tensor) -> torch.Tensor:
+    # floor forward, identity backward (straight-through estimator)
+    return (x.floor() - x).detach() + x
+
+
+def _grad_scale(s: torch.Tensor, g: float) -> torch.Tensor:
+    # value s, gradient g * dL/ds (LSQ)
+    return (s - s * g).detach() + s * g
+
+
+class Quantizer(nn.Module):
+    """LSQ-style uniform quantizer ``Q(x) = s * clamp(floor(x/s + 1/2), n_min, p_max)`` (one scalar ``s``).
+
+    Args:
+        level: number of levels ``L`` (>= 2).
+        sym: signed range ``[-(L//2), L//2 - 1]`` if True, else unsigned ``[0, L - 1]`` (absorbs a ReLU).
+        s_init: initial step ``s``; replaced by ``2 * mean|x| / sqrt(p_max)`` on the first training (or
+            :func:`calibrate`) batch unless ``initialized`` is already set.
+
+    The step ``s`` is also the spiking threshold ``V_thr`` of the ST-BIF neuron that replaces this module.
+    """
+
+    def __init__(self, *, level: int, sym: bool, s_init: float = 1.0) -> None:
+        super().__init__()
+        _check_level(level)
+        if not s_init > 0:
+            raise ValueError(f"spikezip_tf: s_init must be > 0, got {s_init}")
+        self.level = int(level)
+        self.sym = bool(sym)
+        self.pos_max = level // 2 - 1 if sym else level - 1
+        self.neg_min = -(level // 2) if sym else 0
+        self.s = nn.Parameter(torch.tensor(float(s_init)))
+        self.register_buffer("initialized", torch.tensor(False))
+        self._calibrating = False
+
+    def extra_repr(self) -> str:
+        return f"level={self.level}, sym={self.sym}, range=[{self.neg_min}, {self.pos_max}], s={self.s.item():.6g}"
+
+    def set_scale(self, s: float) -> None:
+        """Set the step ``s`` (> 0) and mark the quantizer initialised."""
+        if not s > 0:
+            raise ValueError(f"spikezip_tf: scale s must be > 0, got {s}")
+        with torch.no_grad():
+            self.s.fill_(float(s))
+            self.initialized.fill_(True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = max(self.pos_max, 1)
+        if (self.training or self._calibrating) and not bool(self.initialized):
+            with torch.no_grad():
+                s0 = 2.0 * x.detach().abs().mean() / math.sqrt(p)
+                self.s.copy_(s0.clamp_min(1e-8))
+                self.initialized.fill_(True)
+        s = _grad_scale(self.s, 1.0 / math.sqrt(p * max(x.numel(), 1)))
+        return torch.clamp(_floor_pass(x / s + 0.5), self.neg_min, self.pos_max) * s
+
+
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Key-padding mask ``(B, N)`` (True/1 = attend) -> additive ``(B, 1, 1, N)`` (0 or the dtype's min).
+
+    A float mask of any other shape is taken as already additive and returned cast to ``dtype``.
+    """
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool or (mask.dim() == 2 and not mask.is_floating_point()):
+        keep = mask.bool()
+        if keep.dim() != 2:
+            raise ValueError(f"spikezip_tf: a boolean mask must have shape (B, N), got {tuple(mask.shape)}")
+        add = torch.zeros(keep.shape, dtype=dtype, device=mask.device)
+        add = add.masked_fill(~keep, torch.finfo(dtype).min)
+        return add[:, None, None, :]
+    return mask.to(dtype)
+
+
+class QAttention(nn.Module):
+    """Quantized multi-head self-attention (official ``QAttention``):
+
+    ``q,k,v = Q_q(.), Q_k(.), Q_v(.)`` (signed) of ``qkv(x)``; ``A = Q_attn(softmax(scale * q k^T + M))``
+    (unsigned); ``o = Q_after(A v)`` (signed); ``y = Q_proj(proj(o))`` (signed). ``M`` is an optional additive
+    key mask. Submodule names follow the official checkpoints (``quan_q, quan_k, quan_v, attn_quan,
+    after_attn_quan, quan_proj``).
+    """
+
+    def __init__(self, *, attn: Attention, level: int) -> None:
+        super().__init__()
+        _check_level(level)
+        self.num_heads = attn.num_heads
+        self.head_dim = attn.head_dim
+        self.scale = attn.scale
+        self.qkv = attn.qkv
+        self.proj = attn.proj
+        self.quan_q = Quantizer(level=level, sym=True)
+        self.quan_k = Quantizer(level=level, sym=True)
+        self.quan_v = Quantizer(level=level, sym=True)
+        self.attn_quan = Quantizer(level=level, sym=False)
+        self.after_attn_quan = Quantizer(level=level, sym=True)
+        self.quan_proj = Quantizer(level=level, sym=True)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = self.quan_q(q), self.quan_k(k), self.quan_v(v)
+        scores = (q * self.scale) @ k.transpose(-2, -1)  # scale applied to the quantized q, as in the official code
+        m = additive_mask(mask, scores.dtype)
+        if m is not None:
+            scores = scores + m
+        a = self.attn_quan(F.softmax(scores, dim=-1))
+        o = self.after_attn_quan(a @ v).transpose(1, 2).reshape(b, n, c)
+        return self.quan_proj(self.proj(o))
+
+
+def quantizers(model: nn.Module) -> list[tuple[str, Quantizer]]:
+    """All ``(path, Quantizer)`` pairs of ``model`` in module order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, Quantizer)]
+
+
+def quantize(model: nn.Module, *, level: int, attn_level: int | None = None) -> nn.Module:
+    """Return a QANN: a deep copy of a ReLU transformer with quantizers inserted (official ``myquan_replace``).
+
+    Placement: every ``Attention`` -> :class:`QAttention`; every ``nn.LayerNorm`` -> ``Sequential(LN, Q(sym))``;
+    ``Mlp.act`` (must be ``nn.ReLU``) -> ``Sequential(Q(unsigned), ReLU)`` (the ReLU becomes a no-op);
+    ``Mlp.fc2`` -> ``Sequential(fc2, Q(sym))``; ``PatchEmbed.proj`` -> ``Sequential(conv, Q(sym))``. Residual
+    adds, positions, class token, token embeddings and the classifier head stay real-valued.
+
+    Args:
+        model: a ``TinyViT`` / ``TinyTextEncoder`` (or any module built from ``common.nets`` blocks) with ReLU.
+        level: quantization levels ``L`` (>= 2) of every quantizer (paper: 16 for ViT-S, 32 for ViT-B/L).
+        attn_level: levels of the quantizers inside attention (default ``level``).
+
+    Raises:
+        TypeError: a non-ReLU activation module (its path is named), or a non-module ``model``.
+        ValueError: ``level < 2`` or a model that already holds quantizers.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"spikezip_tf: model must be an nn.Module, got {type(model).__name__}")
+    _check_level(level)
+    attn_level = level if attn_level is None else attn_level
+    _check_level(attn_level, "attn_level")
+    check_activations(model)
+    if quantizers(model):
+        raise ValueError("spikezip_tf: model already contains Quantizer modules (quantize it only once)")
+    qann = copy.deepcopy(model)
+    plan: list[tuple[nn.Module, str, nn.Module]] = []
+    for name, m in qann.named_modules():
+        if isinstance(m, Attention):
+            parent, attr = _parent(qann, name)
+            plan.append((parent, attr, QAttention(attn=m, level=attn_level)))
+        elif isinstance(m, nn.LayerNorm):
+            parent, attr = _parent(qann, name)
+            plan.append((parent, attr, nn.Sequential(m, Quantizer(level=level, sym=True))))
+        elif isinstance(m, Mlp):
+            if type(m.act) is not nn.ReLU:
+                raise TypeError(f"spikezip_tf: module '{name}.act' is {type(m.act).__name__}; only nn.ReLU "
+                                f"activations can be converted to spikes")
+            plan.append((m, "act", nn.Sequential(Quantizer(level=level, sym=False), m.act)))
+            plan.append((m, "fc2", nn.Sequential(m.fc2, Quantizer(level=level, sym=True))))
+        elif isinstance(m, PatchEmbed):
+            plan.append((m, "proj", nn.Sequential(m.proj, Quantizer(level=level, sym=True))))
+    for parent, attr, new in plan:
+        setattr(parent, attr, new)
+    return qann
+
+
+def _parent(root: nn.Module, name: str) -> tuple[nn.Module, str]:
+    if not name:
+        raise ValueError("spikezip_tf: the root module itself cannot be replaced")
+    *path, attr = name.split(".")
+    parent = root
+    for p in path:
+        parent = getattr(parent, p)
+    return parent, attr
+
+
+@torch.no_grad()
+def calibrate(qann: nn.Module, *args: torch.Tensor, **kwargs: torch.Tensor) -> nn.Module:
+    """Initialise every not-yet-initialised quantizer from one batch (``s = 2 mean|x| / sqrt(p_max)``).
+
+    Runs ``qann(*args, **kwargs)`` once in eval mode (no dropout); use it instead of the first-training-batch
+    init when all ranks of a distributed job must start from the same scales. Returns ``qann``.
+    """
+    qs = quantizers(qann)
+    if not qs:
+        raise ValueError("spikezip_tf: calibrate() needs a model with quantizers (call quantize() first)")
+    was_training = qann.training
+    qann.eval()
+    for _, q in qs:
+        q._calibrating = True
+    try:
+        qann(*args, **kwargs)
+    finally:
+        for _, q in qs:
+            q._calibrating = False
+        qann.train(was_training)
+    return qann
