@@ -1,0 +1,153 @@
+"""Non-smooth non-convex test objective, the exponential-scaling identity, and a (c, ε)-stationarity bound.
+
+For s ~ Exp(1) and any F differentiable along the ray (integration by parts of ∫₀^∞ e^{-s} dF(x + sΔ)):
+
+    E_s[F(x + sΔ)] - F(x) = E_s[<∇F(x + sΔ), Δ>]
+
+(c, ε)-stationarity (Zhang & Cutkosky 2024): ‖∇F(x)‖_c = inf_{P: E_P[y]=x} ‖E_P ∇F(y)‖ + c E_P‖y - x‖².
+Any distribution P with mean x gives an upper bound; we use symmetric (hence exactly mean-x) Gaussian clouds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["NonsmoothObjective", "IdentityEstimate", "scaling_identity_gap", "stationarity_upper_bound"]
+
+
+class NonsmoothObjective:
+    r"""``F(x) = mean_i |a_iᵀx - b_i| + α Σ_j relu(c_jᵀx) sin(x_j)``: Lipschitz, non-smooth, non-convex.
+
+    ``A ∈ R^{n×d}`` and ``b`` are standard normal, ``C ∈ R^{d×d}`` has rows ``N(0, I/d)``; all drawn from
+    ``seed``. Evaluates batches: ``x`` of shape ``(..., d)`` gives ``(...)``.
+
+    Args:
+        dim: d, the dimension.
+        num_rows: n, rows of the absolute-loss part.
+        alpha: α, weight of the non-convex ReLU·sin part.
+        seed: seed of A, b, C.
+        device: device of the data.
+        dtype: floating dtype of the data.
+    """
+
+    def __init__(self, *, dim: int = 20, num_rows: int = 40, alpha: float = 0.5, seed: int = 0,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64) -> None:
+        if dim < 1:
+            raise ValueError(f"exp_sgdm: dim must be >= 1, got {dim}")
+        if num_rows < 1:
+            raise ValueError(f"exp_sgdm: num_rows must be >= 1, got {num_rows}")
+        if not math.isfinite(alpha) or alpha < 0:
+            raise ValueError(f"exp_sgdm: alpha must be finite and >= 0, got {alpha}")
+        g = torch.Generator().manual_seed(seed)
+        self.dim, self.alpha = dim, float(alpha)
+        self.A = torch.randn(num_rows, dim, generator=g, dtype=dtype).to(device)
+        self.b = torch.randn(num_rows, generator=g, dtype=dtype).to(device)
+        self.C = (torch.randn(dim, dim, generator=g, dtype=dtype) / math.sqrt(dim)).to(device)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"exp_sgdm: x must end in dimension {self.dim}, got shape {tuple(x.shape)}")
+        x = x.to(self.A.dtype)
+        fit = (x @ self.A.T - self.b).abs().mean(-1)
+        return fit + self.alpha * (torch.relu(x @ self.C.T) * torch.sin(x)).sum(-1)
+
+    def grad(self, x: torch.Tensor) -> torch.Tensor:
+        """∇F at each row of ``x`` (autograd; the kinks have measure zero)."""
+        with torch.enable_grad():
+            xx = x.detach().to(self.A.dtype).requires_grad_(True)
+            (g,) = torch.autograd.grad(self(xx).sum(), xx)
+        return g
+
+
+@dataclass(frozen=True)
+class IdentityEstimate:
+    """Monte-Carlo check of ``E[F(x+sΔ)] - F(x) - E[<∇F(x+sΔ), Δ>] = 0``: paired mean and its standard error."""
+
+    mean: float
+    se: float
+    lhs: float
+    rhs: float
+    num_samples: int
+
+    @property
+    def z(self) -> float:
+        """mean / se: how many standard errors the paired estimate is from zero."""
+        return self.mean / self.se if self.se > 0 else math.inf * (1 if self.mean else 0)
+
+
+def scaling_identity_gap(f: NonsmoothObjective, x: torch.Tensor, delta: torch.Tensor, *, num_samples: int,
+                         generator: torch.Generator, scaling: str = "exponential") -> IdentityEstimate:
+    """Paired estimate of ``E_s[F(x+sΔ) - F(x) - <∇F(x+sΔ), Δ>]`` (zero for s ~ Exp(1)).
+
+    Args:
+        f: the objective.
+        x: base point, shape ``(d,)``.
+        delta: direction Δ, shape ``(d,)``.
+        num_samples: M, Monte-Carlo draws of s.
+        generator: source of the draws.
+        scaling: ``"exponential"`` (the identity), ``"one"`` (s ≡ 1) or ``"uniform"`` (s ~ U[0,1]); the
+            last two are negative controls for which the expectation is not zero in general.
+    """
+    if num_samples < 2:
+        raise ValueError(f"exp_sgdm: num_samples must be >= 2, got {num_samples}")
+    if x.shape != (f.dim,) or delta.shape != (f.dim,):
+        raise ValueError(f"exp_sgdm: x and delta must have shape ({f.dim},), got {tuple(x.shape)}, "
+                         f"{tuple(delta.shape)}")
+    dt, dev = f.A.dtype, f.A.device
+    if scaling == "exponential":
+        s = torch.empty(num_samples, dtype=dt, device=generator.device).exponential_(1.0, generator=generator)
+    elif scaling == "uniform":
+        s = torch.rand(num_samples, dtype=dt, device=generator.device, generator=generator)
+    elif scaling == "one":
+        s = torch.ones(num_samples, dtype=dt)
+    else:
+        raise ValueError(f"exp_sgdm: scaling must be exponential, uniform or one, got {scaling!r}")
+    x, delta, s = x.to(dev, dt), delta.to(dev, dt), s.to(dev)
+    y = x + s[:, None] * delta
+    df = f(y) - f(x)
+    inner = f.grad(y) @ delta
+    paired = df - inner
+    return IdentityEstimate(mean=float(paired.mean()), se=float(paired.std() / math.sqrt(num_samples)),
+                            lhs=float(df.mean()), rhs=float(inner.mean()), num_samples=num_samples)
+
+
+def stationarity_upper_bound(f: NonsmoothObjective, x: torch.Tensor, *, c: float = 1.0,
+                             sigmas: Sequence[float] = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0),
+                             num_samples: int = 2048, generator: torch.Generator) -> tuple[float, float]:
+    """Upper bound on ‖∇F(x)‖_c: min over σ of ``‖mean ∇F(y_k)‖ + c mean‖y_k - x‖²`` with ``y = x ± σ z_k``.
+
+    The cloud ``{x + σz_k, x - σz_k}`` has mean exactly x, so every σ gives a valid bound (no MC bias);
+    σ = 0 gives ‖∇F(x)‖.
+
+    Args:
+        f: the objective.
+        x: the point, shape ``(d,)``.
+        c: the (c, ε)-stationarity constant.
+        sigmas: radii tried (0 allowed).
+        num_samples: K, pairs of points per radius.
+        generator: source of z.
+
+    Returns:
+        ``(bound, best_sigma)``.
+    """
+    if c <= 0:
+        raise ValueError(f"exp_sgdm: c must be > 0, got {c}")
+    if not sigmas or any(s < 0 for s in sigmas):
+        raise ValueError(f"exp_sgdm: sigmas must be non-empty and >= 0, got {tuple(sigmas)}")
+    if num_samples < 1:
+        raise ValueError(f"exp_sgdm: num_samples must be >= 1, got {num_samples}")
+    dt, dev = f.A.dtype, f.A.device
+    x = x.detach().to(dev, dt).reshape(f.dim)
+    z = torch.randn(num_samples, f.dim, dtype=dt, device=generator.device, generator=generator).to(dev)
+    z = torch.cat([z, -z])
+    best, best_sigma = math.inf, 0.0
+    for sigma in sigmas:
+        y = x + sigma * z
+        val = float(f.grad(y).mean(0).norm()) + c * sigma**2 * float((z**2).sum(-1).mean())
+        if val < best:
+            best, best_sigma = val, float(sigma)
+    return best, best_sigma
