@@ -1,0 +1,41 @@
+"""Private projection density estimation on [0,1]^d with a private Lepskii cutoff (Lalanne & Gadat, ICML 2024)."""
+
+from icml24.private_density.projection import (
+    ZCDP,
+    ApproxDP,
+    Privacy,
+    PrivateLepskiiDensity,
+    PrivateProjectionDensity,
+    PureDP,
+    TrigDensity,
+    cube_index_set,
+    dyadic_cutoffs,
+    empirical_coefficients,
+    expected_mise,
+    l1_sensitivity,
+    l2_sensitivity,
+    noise_variance,
+    privatize_coefficients,
+    trig_basis,
+    trig_basis_1d,
+)
+
+__all__ = [
+    "ZCDP",
+    "PureDP",
+    "ApproxDP",
+    "Privacy",
+    "cube_index_set",
+    "trig_basis",
+    "trig_basis_1d",
+    "empirical_coefficients",
+    "l2_sensitivity",
+    "l1_sensitivity",
+    "noise_variance",
+    "privatize_coefficients",
+    "TrigDensity",
+    "expected_mise",
+    "PrivateProjectionDensity",
+    "PrivateLepskiiDensity",
+    "dyadic_cutoffs",
+]
