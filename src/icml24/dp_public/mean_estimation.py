@@ -1,0 +1,503 @@
+"""Optimal Differentially Private Model Training with Public Data (Lowy, Li, Huang, Razaviyayn; ICML 2024).
+
+arXiv: 2306.15056 · official code: optimization-for-data-driven-science/DP-with-public-data (training only;
+the mean-estimation and local-DP parts are not released there).
+
+Mean estimation with ``n_pub`` public and ``n_priv`` private samples in the unit ball of R^d. Only the private
+samples are protected ("semi-DP"). Central model, Gaussian mechanism on the private mean (replace-one
+sensitivity 2/n_priv) and inverse-variance weighting with the public mean:
+
+    mu_hat(r) = r * mean(X_pub) + (1 - r) * (mean(X_priv) + N(0, sigma^2 I)),
+    MSE(r)    = r^2 v / n_pub + (1 - r)^2 (v / n_priv + d sigma^2),      v = E||x - mu||^2,
+    r*        = Var_priv / (Var_pub + Var_priv).
+
+Local model: private users send PrivUnitG reports z_i (Asi, Feldman, Talwar 2022), public users send x_i,
+and the server forms the per-sample inverse-variance weighted average. The baselines are "throw away the
+private data" (r = 1) and "treat the public data as private" (the same mechanism on all n samples).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from scipy import optimize, special
+
+__all__ = [
+    "gaussian_noise_std",
+    "project_to_unit_ball",
+    "central_variances",
+    "optimal_public_weight",
+    "central_mse",
+    "throw_away_mean",
+    "treat_as_private_mean",
+    "private_only_mean",
+    "weighted_mean",
+    "PrivUnitGParams",
+    "privunitg_params",
+    "privunitg",
+    "privunitg_mse",
+    "ldp_weighted_mean",
+    "ldp_treat_as_private_mean",
+    "ldp_mse",
+]
+
+Mechanism = Literal["analytic", "classic"]
+_NORM_TOL = 1e-6
+
+
+# --------------------------------------------------------------------------------------------- validation
+def _check_eps_delta(epsilon: float, delta: float | None, where: str) -> None:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
+        raise TypeError(f"{where}: epsilon must be a number, got {type(epsilon).__name__}")
+    if not math.isfinite(epsilon) or epsilon <= 0:
+        raise ValueError(f"{where}: epsilon must be a finite number > 0, got {epsilon}")
+    if delta is not None:
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)):
+            raise TypeError(f"{where}: delta must be a number, got {type(delta).__name__}")
+        if not (0.0 < delta < 1.0):
+            raise ValueError(f"{where}: delta must be in (0, 1), got {delta}")
+
+
+def _check_tensor(x: torch.Tensor, name: str, where: str, *, min_rows: int = 1) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"{where}: {name} must have shape (..., n, d), got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{where}: {name} must be a floating tensor, got {x.dtype}")
+    if x.shape[-2] < min_rows:
+        raise ValueError(f"{where}: {name} needs at least {min_rows} samples, got {x.shape[-2]}")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{where}: {name} contains NaN or inf")
+
+
+def _check_pair(x_priv: torch.Tensor, x_pub: torch.Tensor, where: str) -> None:
+    _check_tensor(x_priv, "x_priv", where)
+    _check_tensor(x_pub, "x_pub", where)
+    if x_pub.shape[-1] != x_priv.shape[-1]:
+        raise ValueError(f"{where}: public data has dimension {x_pub.shape[-1]} but private data has "
+                         f"dimension {x_priv.shape[-1]}")
+    if x_pub.shape[:-2] != x_priv.shape[:-2]:
+        raise ValueError(f"{where}: x_pub batch shape {tuple(x_pub.shape[:-2])} != x_priv batch shape "
+                         f"{tuple(x_priv.shape[:-2])}")
+    if x_pub.device != x_priv.device:
+        raise ValueError(f"{where}: x_pub is on {x_pub.device} but x_priv is on {x_priv.device}")
+
+
+def _check_unit_ball(x: torch.Tensor, name: str, where: str) -> None:
+    n = x.norm(dim=-1).max().item() if x.numel() else 0.0
+    if n > 1.0 + _NORM_TOL:
+        raise ValueError(f"{where}: every row of {name} must have L2 norm <= 1 (the privacy guarantee assumes "
+                         f"it); max norm is {n:.4g}. Use project_to_unit_ball first.")
+
+
+def _check_weight(r: float, name: str, where: str) -> None:
+    if not isinstance(r, (int, float)) or isinstance(r, bool) or not math.isfinite(r) or not 0.0 <= r <= 1.0:
+        raise ValueError(f"{where}: {name} must be in [0, 1], got {r}")
+
+
+def _check_count(n: int, name: str, where: str, minimum: int = 1) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < minimum:
+        raise ValueError(f"{where}: {name} must be an int >= {minimum}, got {n!r}")
+
+
+def _check_v(v: float | None, where: str) -> None:
+    if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+        raise ValueError(f"{where}: v must be a finite number >= 0 (or None to estimate it from x_pub), got {v}")
+
+
+# ------------------------------------------------------------------------------------------ central model
+def gaussian_noise_std(*, sensitivity: float, epsilon: float, delta: float,
+                       mechanism: Mechanism = "analytic") -> float:
+    """Noise std σ of the Gaussian mechanism with L2 sensitivity Δ2 at (ε, δ)-DP.
+
+    Args:
+        sensitivity: Δ2 > 0, the L2 sensitivity of the released statistic.
+        epsilon: ε > 0.
+        delta: δ in (0, 1).
+        mechanism: ``"analytic"`` (Balle & Wang 2018, Thm. 8: the smallest σ with
+            Φ(Δ/2σ − εσ/Δ) − e^ε Φ(−Δ/2σ − εσ/Δ) <= δ; valid for every ε > 0) or ``"classic"``
+            (σ = Δ √(2 ln(1.25/δ)) / ε, Dwork & Roth Thm. A.1; only valid for ε <= 1).
+
+    Returns:
+        σ such that adding N(0, σ² I) is (ε, δ)-DP.
+    """
+    where = "gaussian_noise_std"
+    _check_eps_delta(epsilon, delta, where)
+    if not isinstance(sensitivity, (int, float)) or not math.isfinite(sensitivity) or sensitivity <= 0:
+        raise ValueError(f"{where}: sensitivity must be a finite number > 0, got {sensitivity}")
+    if mechanism == "classic":
+        if epsilon > 1.0:
+            raise ValueError(f"{where}: the classic Gaussian mechanism is only (ε, δ)-DP for epsilon <= 1, got "
+                             f"{epsilon}; use mechanism='analytic'")
+        return float(sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon)
+    if mechanism != "analytic":
+        raise ValueError(f"{where}: mechanism must be 'analytic' or 'classic', got {mechanism!r}")
+
+    def log_delta_gap(log_s: float) -> float:
+        s = math.exp(log_s)  # σ / Δ
+        a, b = 1.0 / (2.0 * s) - epsilon * s, -1.0 / (2.0 * s) - epsilon * s
+        d = special.ndtr(a) - math.exp(epsilon + special.log_ndtr(b))
+        return d - delta
+
+    lo, hi = math.log(1e-6), math.log(1e6)
+    s = math.exp(optimize.brentq(log_delta_gap, lo, hi, xtol=1e-14, rtol=1e-12))
+    # brentq brackets the root; step up until the guarantee holds exactly (δ(σ) is decreasing in σ)
+    while log_delta_gap(math.log(s)) > 0:
+        s *= 1.0 + 1e-12
+    return float(s * sensitivity)
+
+
+def project_to_unit_ball(x: torch.Tensor) -> torch.Tensor:
+    """Rows of ``x`` (shape (..., d)) scaled to L2 norm <= 1 (identity inside the ball)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"project_to_unit_ball: x must be a torch.Tensor, got {type(x).__name__}")
+    return x / x.norm(dim=-1, keepdim=True).clamp(min=1.0)
+
+
+def central_variances(*, n_pub: int, n_priv: int, dim: int, v: float, epsilon: float, delta: float,
+                      mechanism: Mechanism = "analytic") -> tuple[float, float]:
+    """(Var_pub, Var_priv): the MSEs of the public mean and of the noisy private mean.
+
+    Var_pub = v / n_pub, Var_priv = v / n_priv + d σ², σ = ``gaussian_noise_std`` with Δ2 = 2 / n_priv.
+    """
+    where = "central_variances"
+    _check_count(n_pub, "n_pub", where)
+    _check_count(n_priv, "n_priv", where)
+    _check_count(dim, "dim", where)
+    _check_v(v, where)
+    sigma = gaussian_noise_std(sensitivity=2.0 / n_priv, epsilon=epsilon, delta=delta, mechanism=mechanism)
+    return v / n_pub, v / n_priv + dim * sigma**2
+
+
+def optimal_public_weight(*, var_pub: float, var_priv: float) -> float:
+    """r* = Var_priv / (Var_pub + Var_priv), the minimiser of r² Var_pub + (1 − r)² Var_priv."""
+    if var_pub < 0 or var_priv < 0 or not math.isfinite(var_pub) or not math.isfinite(var_priv):
+        raise ValueError(f"optimal_public_weight: variances must be finite and >= 0, got {var_pub}, {var_priv}")
+    if var_pub + var_priv == 0:
+        return 0.5
+    return float(var_priv / (var_pub + var_priv))
+
+
+def central_mse(*, estimator: Literal["throw_away", "treat_as_private", "private_only", "weighted"],
+                n_pub: int, n_priv: int, dim: int, v: float, epsilon: float, delta: float,
+                mechanism: Mechanism = "analytic", r: float | None = None) -> float:
+    """Closed-form MSE E||mu_hat − mu||² of a central estimator, for i.i.d. data with E||x − mu||² = v.
+
+    Args:
+        estimator: ``throw_away`` (public mean), ``treat_as_private`` (Gaussian mechanism on the mean of all
+            n = n_pub + n_priv samples, Δ2 = 2/n), ``private_only`` (noisy private mean) or ``weighted``
+            (``r`` if given, else r* from the true ``v``).
+        n_pub, n_priv, dim, v, epsilon, delta, mechanism: as in :func:`central_variances`.
+        r: public weight in [0, 1] for ``weighted``.
+    """
+    where = "central_mse"
+    var_pub, var_priv = central_variances(n_pub=n_pub, n_priv=n_priv, dim=dim, v=v, epsilon=epsilon,
+                                          delta=delta, mechanism=mechanism)
+    if estimator == "throw_away":
+        return var_pub
+    if estimator == "private_only":
+        return var_priv
+    if estimator == "treat_as_private":
+        n = n_pub + n_priv
+        s = gaussian_noise_std(sensitivity=2.0 / n, epsilon=epsilon, delta=delta, mechanism=mechanism)
+        return v / n + dim * s**2
+    if estimator == "weighted":
+        if r is None:
+            r = optimal_public_weight(var_pub=var_pub, var_priv=var_priv)
+        _check_weight(r, "r", where)
+        return r**2 * var_pub + (1 - r) ** 2 * var_priv
+    raise ValueError(f"{where}: unknown estimator {estimator!r}")
+
+
+def throw_away_mean(x_pub: torch.Tensor) -> torch.Tensor:
+    """Baseline "throw away the private data": the public mean (no privacy cost: private data unused).
+
+    Args:
+        x_pub: (..., n_pub, d) public samples.
+    """
+    _check_tensor(x_pub, "x_pub", "throw_away_mean")
+    return x_pub.mean(dim=-2)
+
+
+def _noisy_mean(x: torch.Tensor, sigma: float, generator: torch.Generator | None) -> torch.Tensor:
+    m = x.mean(dim=-2)
+    noise = torch.randn(m.shape, generator=generator, dtype=m.dtype, device=m.device)
+    return m + sigma * noise
+
+
+def treat_as_private_mean(x_priv: torch.Tensor, x_pub: torch.Tensor, *, epsilon: float, delta: float,
+                          mechanism: Mechanism = "analytic",
+                          generator: torch.Generator | None = None) -> torch.Tensor:
+    """Baseline "treat the public data as private": Gaussian mechanism on the mean of all n samples.
+
+    Privacy: (ε, δ)-DP w.r.t. every sample (hence w.r.t. X_priv) under replace-one adjacency, provided every
+    row of x_priv and x_pub has L2 norm <= 1 (checked) and the noise is fresh (Δ2 = 2/n).
+
+    Args:
+        x_priv: (..., n_priv, d) private samples, ||x|| <= 1.
+        x_pub: (..., n_pub, d) public samples, ||x|| <= 1.
+        epsilon, delta, mechanism: see :func:`gaussian_noise_std`.
+        generator: torch generator for the noise (on the device of the inputs).
+    """
+    where = "treat_as_private_mean"
+    _check_eps_delta(epsilon, delta, where)
+    _check_pair(x_priv, x_pub, where)
+    _check_unit_ball(x_priv, "x_priv", where)
+    _check_unit_ball(x_pub, "x_pub", where)
+    x = torch.cat([x_pub, x_priv], dim=-2)
+    sigma = gaussian_noise_std(sensitivity=2.0 / x.shape[-2], epsilon=epsilon, delta=delta, mechanism=mechanism)
+    return _noisy_mean(x, sigma, generator)
+
+
+def private_only_mean(x_priv: torch.Tensor, *, epsilon: float, delta: float, mechanism: Mechanism = "analytic",
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """Noisy private mean mean(X_priv) + N(0, σ² I), Δ2 = 2/n_priv.
+
+    Privacy: (ε, δ)-DP w.r.t. X_priv (replace-one) if every private row has L2 norm <= 1 (checked).
+    """
+    where = "private_only_mean"
+    _check_eps_delta(epsilon, delta, where)
+    _check_tensor(x_priv, "x_priv", where)
+    _check_unit_ball(x_priv, "x_priv", where)
+    sigma = gaussian_noise_std(sensitivity=2.0 / x_priv.shape[-2], epsilon=epsilon, delta=delta,
+                               mechanism=mechanism)
+    return _noisy_mean(x_priv, sigma, generator)
+
+
+def _public_variance(x_pub: torch.Tensor, where: str) -> torch.Tensor:
+    if x_pub.shape[-2] < 2:
+        raise ValueError(f"{where}: estimating v from public data needs n_pub >= 2, got {x_pub.shape[-2]}; "
+                         "pass v explicitly (v <= 1 holds for unit-ball data)")
+    return x_pub.var(dim=-2, unbiased=True).sum(dim=-1)
+
+
+def weighted_mean(x_priv: torch.Tensor, x_pub: torch.Tensor, *, epsilon: float, delta: float,
+                  v: float | None = None, r: float | None = None, mechanism: Mechanism = "analytic",
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The semi-DP weighted estimator mu_hat = r mean(X_pub) + (1 − r)(mean(X_priv) + N(0, σ² I)).
+
+    Privacy: (ε, δ)-DP w.r.t. X_priv for every fixed X_pub (semi-DP, replace-one adjacency), provided every
+    private row has L2 norm <= 1 (checked). The weight r depends on the public data and on (n, d, ε, δ) only,
+    never on X_priv, so it is post-processing.
+
+    Args:
+        x_priv: (..., n_priv, d) private samples, ||x|| <= 1.
+        x_pub: (..., n_pub, d) public samples (same d).
+        epsilon: ε > 0.
+        delta: δ in (0, 1).
+        v: E||x − mu||² used for the weight; ``None`` estimates it from x_pub (sum of coordinate sample
+            variances, needs n_pub >= 2). Never estimated from private data.
+        r: public weight in [0, 1]; ``None`` uses r* = Var_priv / (Var_pub + Var_priv).
+        mechanism: Gaussian mechanism calibration, see :func:`gaussian_noise_std`.
+        generator: torch generator for the noise.
+
+    Returns:
+        (mu_hat of shape (..., d), r of shape (...)).
+    """
+    where = "weighted_mean"
+    _check_eps_delta(epsilon, delta, where)
+    _check_pair(x_priv, x_pub, where)
+    _check_v(v, where)
+    if r is not None:
+        _check_weight(r, "r", where)
+    _check_unit_ball(x_priv, "x_priv", where)
+    n_pub, n_priv, d = x_pub.shape[-2], x_priv.shape[-2], x_pub.shape[-1]
+    sigma = gaussian_noise_std(sensitivity=2.0 / n_priv, epsilon=epsilon, delta=delta, mechanism=mechanism)
+    batch = x_pub.shape[:-2]
+    if r is not None:
+        rr = torch.full(batch, float(r), dtype=x_pub.dtype, device=x_pub.device)
+    else:
+        vv = (_public_variance(x_pub, where) if v is None
+              else torch.full(batch, float(v), dtype=x_pub.dtype, device=x_pub.device))
+        var_pub = vv / n_pub
+        var_priv = vv / n_priv + d * sigma**2
+        rr = var_priv / (var_pub + var_priv)
+    mu_priv = _noisy_mean(x_priv, sigma, generator)
+    mu_pub = x_pub.mean(dim=-2)
+    return rr.unsqueeze(-1) * mu_pub + (1 - rr.unsqueeze(-1)) * mu_priv, rr
+
+
+# -------------------------------------------------------------------------------------- local model (LDP)
+@dataclass(frozen=True)
+class PrivUnitGParams:
+    """PrivUnitG parameters for one ε: p (prob. of the cap), q = P(N(0,1) >= γ), threshold γ, scale σ_G = 1/m."""
+
+    epsilon: float
+    p: float
+    q: float
+    gamma: float
+    scale: float
+
+    @property
+    def second_moment_t(self) -> float:
+        """E[t²] of the conditioned 1-D component t (mixture of two truncated normals)."""
+        g = self.gamma
+        phi = math.exp(-g * g / 2) / math.sqrt(2 * math.pi)
+        cdf, sf = float(special.ndtr(g)), float(special.ndtr(-g))
+        upper = 1.0 + g * phi / sf
+        lower = 1.0 - g * phi / cdf
+        return self.p * upper + (1.0 - self.p) * lower
+
+
+def _privunitg_scale(p: float, epsilon: float) -> tuple[float, float, float]:
+    q = 1.0 / (1.0 + math.exp(epsilon) * (1.0 - p) / p)
+    gamma = float(-special.ndtri(q))  # γ = Φ^{-1}(1 − q), computed in the upper tail for precision
+    phi = math.exp(-gamma * gamma / 2) / math.sqrt(2 * math.pi)
+    m = phi * (p / float(special.ndtr(-gamma)) - (1.0 - p) / float(special.ndtr(gamma)))
+    return q, gamma, 1.0 / m
+
+
+def privunitg_params(*, epsilon: float, p_grid: tuple[float, ...] | None = None) -> PrivUnitGParams:
+    """Solve PrivUnitG's parameters for ε (Asi, Feldman, Talwar 2022, "Optimal algorithms for mean estimation
+    under local differential privacy", Alg. PrivUnitG).
+
+    For each p in ``p_grid`` (default 0.01, 0.02, ..., 0.99): q = 1 / (1 + e^ε (1 − p)/p), γ = Φ^{-1}(1 − q),
+    m = φ(γ) (p / (1 − Φ(γ)) − (1 − p) / Φ(γ)), σ_G = 1/m; returns the p minimising σ_G. By construction
+    p (1 − q) / (q (1 − p)) = e^ε, the density-ratio bound that makes the randomizer ε-LDP.
+    """
+    where = "privunitg_params"
+    _check_eps_delta(epsilon, None, where)
+    grid = p_grid if p_grid is not None else tuple(np.round(np.arange(1, 100) / 100.0, 2))
+    best: PrivUnitGParams | None = None
+    for p in grid:
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"{where}: every p in p_grid must be in (0, 1), got {p}")
+        q, gamma, scale = _privunitg_scale(float(p), float(epsilon))
+        if scale > 0 and math.isfinite(scale) and (best is None or scale < best.scale):
+            best = PrivUnitGParams(float(epsilon), float(p), q, gamma, scale)
+    if best is None:
+        raise ValueError(f"{where}: no p in p_grid gives a positive scale for epsilon={epsilon}")
+    return best
+
+
+def privunitg(x: torch.Tensor, *, epsilon: float, generator: torch.Generator | None = None,
+              params: PrivUnitGParams | None = None) -> torch.Tensor:
+    """PrivUnitG ε-LDP randomizer applied to every row of ``x`` (shape (..., d), ||x|| <= 1); unbiased: E z = x.
+
+    Rows with ||x|| < 1 are first rounded to ±x/||x|| with P(+) = (1 + ||x||)/2 (unbiased); a unit vector u is
+    then mapped to z = σ_G (g − <g,u> u + t u) with g ~ N(0, I_d) and t ~ N(0,1) conditioned on t >= γ with
+    probability p, on t < γ otherwise.
+
+    Privacy: each output row is ε-LDP w.r.t. its input row (for any two inputs in the unit ball the output
+    densities differ by at most e^ε = p(1 − q)/(q(1 − p))), provided ||x|| <= 1 (checked) and fresh
+    randomness per report.
+
+    Args:
+        x: (..., d) inputs, d >= 2.
+        epsilon: ε > 0.
+        generator: torch generator (on the device of ``x``).
+        params: precomputed :func:`privunitg_params` for this ε (optional).
+    """
+    where = "privunitg"
+    _check_eps_delta(epsilon, None, where)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"{where}: x must be a floating torch.Tensor")
+    if x.dim() < 1 or x.shape[-1] < 2:
+        raise ValueError(f"{where}: x must have shape (..., d) with d >= 2, got {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{where}: x contains NaN or inf")
+    _check_unit_ball(x, "x", where)
+    if params is None:
+        params = privunitg_params(epsilon=epsilon)
+    elif abs(params.epsilon - epsilon) > 1e-12:
+        raise ValueError(f"{where}: params were solved for epsilon={params.epsilon}, not {epsilon}")
+    kw = {"generator": generator, "dtype": x.dtype, "device": x.device}
+    norm = x.norm(dim=-1, keepdim=True)
+    u = x / norm.clamp(min=torch.finfo(x.dtype).tiny)
+    # zero rows: any unit direction keeps E z = 0 once the sign is a fair coin
+    e1 = torch.zeros_like(x)
+    e1[..., 0] = 1.0
+    u = torch.where(norm > 0, u, e1)
+    sign = torch.where(torch.rand(norm.shape, **kw) < (1.0 + norm) / 2.0, 1.0, -1.0).to(x.dtype)
+    u = sign * u
+    g = torch.randn(x.shape, **kw)
+    g_perp = g - (g * u).sum(-1, keepdim=True) * u
+    uni = torch.rand(norm.shape, **kw).clamp(min=torch.finfo(x.dtype).tiny)
+    in_cap = torch.rand(norm.shape, **kw) < params.p
+    q = params.q
+    t_up = -torch.special.ndtri(uni * q)  # t >= γ: −t ~ N(0,1) truncated to (−inf, −γ]
+    t_low = torch.special.ndtri(uni * (1.0 - q))  # t < γ
+    t = torch.where(in_cap, t_up, t_low)
+    return params.scale * (g_perp + t * u)
+
+
+def privunitg_mse(*, dim: int, epsilon: float, input_norm: float = 1.0) -> float:
+    """E||z − x||² of :func:`privunitg` for an input of norm ``input_norm``: σ_G² (d − 1 + E t²) − ||x||²."""
+    _check_count(dim, "dim", "privunitg_mse", minimum=2)
+    if not 0.0 <= input_norm <= 1.0:
+        raise ValueError(f"privunitg_mse: input_norm must be in [0, 1], got {input_norm}")
+    prm = privunitg_params(epsilon=epsilon)
+    return prm.scale**2 * (dim - 1 + prm.second_moment_t) - input_norm**2
+
+
+def ldp_treat_as_private_mean(reports: torch.Tensor) -> torch.Tensor:
+    """Baseline "treat the public users as private": the mean of PrivUnitG reports of all n users.
+
+    Privacy: ε-LDP for every user if every row of ``reports`` is a fresh :func:`privunitg` output.
+    """
+    _check_tensor(reports, "reports", "ldp_treat_as_private_mean")
+    return reports.mean(dim=-2)
+
+
+def ldp_weighted_mean(*, reports: torch.Tensor, x_pub: torch.Tensor, epsilon: float, v: float | None = None,
+                      input_norm: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Semi-LDP server: per-sample inverse-variance weighting of public samples and private PrivUnitG reports,
+
+        mu_hat = (Σ_pub x_i / v_pub + Σ_priv z_i / v_priv) / (n_pub / v_pub + n_priv / v_priv),
+        v_pub = v, v_priv = v + E||z − x||² (:func:`privunitg_mse`).
+
+    Privacy: ε-LDP for every private user (post-processing of the reports; the weights depend on public data
+    and (d, ε) only), provided ``reports`` are fresh :func:`privunitg` outputs at this ε.
+
+    Args:
+        reports: (..., n_priv, d) PrivUnitG reports of the private users.
+        x_pub: (..., n_pub, d) raw public samples.
+        epsilon: ε the reports were produced with.
+        v: E||x − mu||²; ``None`` estimates it from x_pub (needs n_pub >= 2).
+        input_norm: ||x|| of the private inputs assumed by the variance of the reports (1 for unit data).
+
+    Returns:
+        (mu_hat (..., d), public weight r = (n_pub/v_pub) / (n_pub/v_pub + n_priv/v_priv) of shape (...)).
+    """
+    where = "ldp_weighted_mean"
+    _check_eps_delta(epsilon, None, where)
+    _check_pair(reports, x_pub, where)
+    _check_v(v, where)
+    n_pub, n_priv, d = x_pub.shape[-2], reports.shape[-2], x_pub.shape[-1]
+    batch = x_pub.shape[:-2]
+    vv = (_public_variance(x_pub, where) if v is None
+          else torch.full(batch, float(v), dtype=x_pub.dtype, device=x_pub.device))
+    vv = vv.clamp(min=1e-12)
+    v_priv = vv + privunitg_mse(dim=d, epsilon=epsilon, input_norm=input_norm)
+    w_pub, w_priv = n_pub / vv, n_priv / v_priv
+    r = w_pub / (w_pub + w_priv)
+    mu = r.unsqueeze(-1) * x_pub.mean(dim=-2) + (1 - r.unsqueeze(-1)) * reports.mean(dim=-2)
+    return mu, r
+
+
+def ldp_mse(*, estimator: Literal["throw_away", "treat_as_private", "weighted"], n_pub: int, n_priv: int,
+            dim: int, v: float, epsilon: float, input_norm: float = 1.0) -> float:
+    """Closed-form MSE of a semi-LDP estimator (data with E||x − mu||² = v, private inputs of norm ``input_norm``).
+
+    throw_away: v / n_pub; treat_as_private: (v + V_R) / n with V_R = E||z − x||²;
+    weighted: 1 / (n_pub / v + n_priv / (v + V_R)).
+    """
+    where = "ldp_mse"
+    _check_count(n_pub, "n_pub", where)
+    _check_count(n_priv, "n_priv", where)
+    _check_v(v, where)
+    vr = privunitg_mse(dim=dim, epsilon=epsilon, input_norm=input_norm)
+    if estimator == "throw_away":
+        return v / n_pub
+    if estimator == "treat_as_private":
+        return (v + vr) / (n_pub + n_priv)
+    if estimator == "weighted":
+        if v == 0:
+            return 0.0
+        return 1.0 / (n_pub / v + n_priv / (v + vr))
+    raise ValueError(f"{where}: unknown estimator {estimator!r}")

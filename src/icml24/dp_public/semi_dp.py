@@ -1,0 +1,492 @@
+"""Semi-DP SGD: "Optimal Differentially Private Model Training with Public Data" (Lowy et al., ICML 2024).
+
+arXiv: 2306.15056 · official code: optimization-for-data-driven-science/DP-with-public-data
+(``optimizer/semi_dp_optimizer.py``, "Algorithm 1" of its README).
+
+One step mixes a DP-SGD gradient of a Poisson-sampled private batch with a public-batch gradient:
+
+    g_priv = (1/b) [ Σ_{i in B_priv} clip_C(∇ℓ(w; x_i)) + N(0, σ² C² I) ]      (b = expected batch size)
+    g_pub  = (1/|B_pub|) Σ_{i in B_pub} clip_C(∇ℓ(w; x_i))                     (clipping optional)
+    w     <- w − η (β g_priv + (1 − β) g_pub).
+
+Only the private batches touch the privacy accountant (Opacus RDP/PRV/GDP accountant, extra ``dp``).
+Per-sample gradients come from ``torch.func`` (vmap of grad).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+__all__ = [
+    "per_sample_grads",
+    "clip_and_sum",
+    "SemiDPSGD",
+    "make_public_only_sgd",
+    "make_dp_sgd",
+    "noise_multiplier_for",
+    "epsilon_for",
+    "inverse_variance_beta",
+    "poisson_sample",
+    "TrainResult",
+    "train_semi_dp",
+]
+
+AccountantName = Literal["rdp", "prv", "gdp"]
+_CLIP_EPS = 1e-6  # same stabiliser as Opacus' DPOptimizer.clip_and_accumulate
+
+
+def _import_opacus():
+    try:
+        import opacus  # noqa: F401
+        from opacus.accountants.registry import create_accountant
+        from opacus.accountants.utils import get_noise_multiplier
+    except ImportError as e:  # pragma: no cover - opacus is installed in the dev environment
+        raise ImportError("dp_public: privacy accounting needs Opacus; install it with "
+                          "`pip install icml24[dp]`") from e
+    return create_accountant, get_noise_multiplier
+
+
+def _check_accountant(name: str | None, where: str) -> None:
+    if name is not None and name not in ("rdp", "prv", "gdp"):
+        raise ValueError(f"{where}: accountant must be 'rdp', 'prv', 'gdp' or None, got {name!r}")
+
+
+def _check_eps_delta(epsilon: float | None, delta: float, where: str) -> None:
+    if epsilon is not None and (not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon)
+                                or epsilon <= 0):
+        raise ValueError(f"{where}: epsilon must be a finite number > 0, got {epsilon}")
+    if not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
+        raise ValueError(f"{where}: delta must be in (0, 1), got {delta}")
+
+
+def _check_rate_steps(sample_rate: float, steps: int, where: str) -> None:
+    if not isinstance(sample_rate, (int, float)) or not 0.0 < sample_rate <= 1.0:
+        raise ValueError(f"{where}: sample_rate must be in (0, 1], got {sample_rate}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{where}: steps must be an int >= 1, got {steps!r}")
+
+
+# ------------------------------------------------------------------------------------ per-sample gradients
+def per_sample_grads(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                     inputs: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
+    """Per-sample gradients ∇_w ℓ(w; x_i, y_i) of every trainable parameter, via ``torch.func.vmap(grad)``.
+
+    Args:
+        model: the network; must not mix samples in its forward pass (no BatchNorm in train mode).
+        loss_fn: ``loss_fn(outputs, targets)`` on a batch of one sample, returning a scalar.
+        inputs: (B, ...) inputs.
+        targets: (B, ...) targets.
+
+    Returns:
+        One tensor of shape (B, *p.shape) per trainable parameter, in ``model.parameters()`` order.
+    """
+    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise TypeError("per_sample_grads: inputs and targets must be torch.Tensors")
+    if inputs.shape[0] != targets.shape[0]:
+        raise ValueError(f"per_sample_grads: inputs have {inputs.shape[0]} samples but targets have "
+                         f"{targets.shape[0]}")
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    if inputs.shape[0] == 0:
+        return [params[n].new_zeros((0, *params[n].shape)) for n in names]
+
+    def loss_one(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
+        return loss_fn(out, y.unsqueeze(0))
+
+    g = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, inputs, targets)
+    return [g[n] for n in names]
+
+
+def clip_and_sum(grad_samples: Sequence[torch.Tensor], *, max_grad_norm: float) -> list[torch.Tensor]:
+    """Σ_i clip_C(g_i): each sample's gradient (across all parameters) scaled by min(1, C / (||g_i|| + 1e-6)).
+
+    Args:
+        grad_samples: one (B, *p.shape) tensor per parameter.
+        max_grad_norm: C > 0.
+    """
+    if not isinstance(max_grad_norm, (int, float)) or not math.isfinite(max_grad_norm) or max_grad_norm <= 0:
+        raise ValueError(f"clip_and_sum: max_grad_norm must be > 0, got {max_grad_norm}")
+    b = grad_samples[0].shape[0]
+    if b == 0:
+        return [g.new_zeros(g.shape[1:]) for g in grad_samples]
+    norms = torch.stack([g.reshape(b, -1).norm(2, dim=-1) for g in grad_samples], dim=1).norm(2, dim=1)
+    factor = (max_grad_norm / (norms + _CLIP_EPS)).clamp(max=1.0)
+    return [torch.einsum("i,i...", factor.to(g.dtype), g) for g in grad_samples]
+
+
+# ------------------------------------------------------------------------------------------------ optimizer
+class SemiDPSGD(torch.optim.Optimizer):
+    """Semi-DP SGD (Lowy et al. 2024, Alg. 1 of the official code): w <- w − η (β g_priv + (1 − β) g_pub).
+
+    ``step(private_grad_samples=..., public_grad_samples=...)`` takes per-sample gradients (e.g. from
+    :func:`per_sample_grads`). With both given the update mixes them with weight β; with only private ones it
+    is a plain DP-SGD step (baseline "treat public as private" when the private batch is drawn from all data);
+    with only public ones it is a non-private step on public data (baseline "throw away private data").
+
+    Privacy guarantee: let every private batch be drawn by Poisson sampling with rate ``sample_rate`` from a
+    fixed private data set, let every per-sample gradient depend on one private example only (no
+    cross-sample layers such as BatchNorm), and let σ, C, q be fixed. Then after T steps that received private
+    gradients, the sequence of iterates is (ε, δ)-DP w.r.t. the private data set, for every fixed public data
+    set (semi-DP), with ε = :meth:`get_epsilon` (δ) from the Opacus accountant (Gaussian mechanism, Poisson
+    subsampling, adaptive composition). Public data, β, and hyper-parameter search are not accounted for.
+
+    Args:
+        params: parameters to optimise.
+        lr: η > 0.
+        beta: β in [0, 1], weight of the private gradient (1 = DP-SGD step, 0 = public step).
+        noise_multiplier: σ >= 0 (noise std σ C on the clipped sum).
+        max_grad_norm: C > 0, per-sample clipping norm.
+        expected_batch_size: b >= 1, the private sum is divided by b (Opacus ``loss_reduction="mean"``).
+        sample_rate: q in (0, 1], Poisson sampling rate of the private batches (for the accountant).
+        clip_public: clip public per-sample gradients to C too (official code: yes).
+        momentum: heavy-ball momentum in [0, 1) applied to the mixed gradient.
+        weight_decay: L2 weight decay >= 0 added to the mixed gradient.
+        accountant: ``"rdp"``, ``"prv"``, ``"gdp"`` (Opacus) or ``None`` (no accounting).
+        generator: torch generator for the noise (on the parameters' device); ``None`` uses the global one.
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict], *, lr: float, beta: float,
+                 noise_multiplier: float, max_grad_norm: float, expected_batch_size: int, sample_rate: float,
+                 clip_public: bool = True, momentum: float = 0.0, weight_decay: float = 0.0,
+                 accountant: AccountantName | None = "rdp", generator: torch.Generator | None = None) -> None:
+        w = "SemiDPSGD"
+        if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+            raise ValueError(f"{w}: lr must be > 0, got {lr}")
+        if not isinstance(beta, (int, float)) or not math.isfinite(beta) or not 0.0 <= beta <= 1.0:
+            raise ValueError(f"{w}: beta must be in [0, 1], got {beta}")
+        if not isinstance(noise_multiplier, (int, float)) or not math.isfinite(noise_multiplier) \
+                or noise_multiplier < 0:
+            raise ValueError(f"{w}: noise_multiplier must be >= 0, got {noise_multiplier}")
+        if not isinstance(max_grad_norm, (int, float)) or not math.isfinite(max_grad_norm) or max_grad_norm <= 0:
+            raise ValueError(f"{w}: max_grad_norm (clipping norm C) must be > 0, got {max_grad_norm}")
+        if isinstance(expected_batch_size, bool) or not isinstance(expected_batch_size, int) \
+                or expected_batch_size < 1:
+            raise ValueError(f"{w}: expected_batch_size must be an int >= 1, got {expected_batch_size!r}")
+        if not isinstance(sample_rate, (int, float)) or not 0.0 < sample_rate <= 1.0:
+            raise ValueError(f"{w}: sample_rate must be in (0, 1], got {sample_rate}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"{w}: momentum must be in [0, 1), got {momentum}")
+        if weight_decay < 0:
+            raise ValueError(f"{w}: weight_decay must be >= 0, got {weight_decay}")
+        _check_accountant(accountant, w)
+        super().__init__(params, {"lr": float(lr), "momentum": float(momentum),
+                                  "weight_decay": float(weight_decay)})
+        self.beta = float(beta)
+        self.noise_multiplier = float(noise_multiplier)
+        self.max_grad_norm = float(max_grad_norm)
+        self.expected_batch_size = int(expected_batch_size)
+        self.sample_rate = float(sample_rate)
+        self.clip_public = bool(clip_public)
+        self.generator = generator
+        self.private_steps = 0
+        self.accountant = None
+        if accountant is not None:
+            create_accountant, _ = _import_opacus()
+            self.accountant = create_accountant(accountant)
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _check_grads(self, gs: Sequence[torch.Tensor], name: str) -> int:
+        ps = self.params
+        if len(gs) != len(ps):
+            raise ValueError(f"SemiDPSGD.step: {name} has {len(gs)} tensors but the optimizer has {len(ps)} "
+                             "parameters")
+        b = gs[0].shape[0] if gs[0].dim() else -1
+        for i, (g, p) in enumerate(zip(gs, ps, strict=True)):
+            if tuple(g.shape[1:]) != tuple(p.shape) or g.shape[0] != b:
+                raise ValueError(f"SemiDPSGD.step: {name}[{i}] must have shape (B, *{tuple(p.shape)}) with a "
+                                 f"common B, got {tuple(g.shape)}")
+            if not torch.isfinite(g).all():
+                raise ValueError(f"SemiDPSGD.step: {name}[{i}] contains NaN or inf")
+        return b
+
+    def private_gradient(self, private_grad_samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """g_priv = (Σ clip_C(g_i) + N(0, σ² C² I)) / b: clip, noise (one draw per parameter, in order), scale."""
+        summed = clip_and_sum(private_grad_samples, max_grad_norm=self.max_grad_norm)
+        std = self.noise_multiplier * self.max_grad_norm
+        out = []
+        for s in summed:
+            if std > 0:
+                noise = torch.normal(mean=0.0, std=std, size=s.shape, device=s.device, generator=self.generator,
+                                     dtype=s.dtype)
+                s = s + noise
+            out.append(s / self.expected_batch_size)
+        return out
+
+    def public_gradient(self, public_grad_samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """g_pub = mean_i clip_C(g_i) (or the unclipped mean when ``clip_public=False``)."""
+        b = public_grad_samples[0].shape[0]
+        if b == 0:
+            raise ValueError("SemiDPSGD.step: public_grad_samples has an empty batch")
+        if self.clip_public:
+            summed = clip_and_sum(public_grad_samples, max_grad_norm=self.max_grad_norm)
+        else:
+            summed = [g.sum(0) for g in public_grad_samples]
+        return [s / b for s in summed]
+
+    @torch.no_grad()
+    def step(self, closure: None = None, *, private_grad_samples: Sequence[torch.Tensor] | None = None,
+             public_grad_samples: Sequence[torch.Tensor] | None = None) -> None:
+        """One update; see the class docstring. Validates every input before changing any state."""
+        if closure is not None:
+            raise TypeError("SemiDPSGD.step: closures are not supported; pass per-sample gradients")
+        if private_grad_samples is None and public_grad_samples is None:
+            raise ValueError("SemiDPSGD.step: pass private_grad_samples, public_grad_samples or both")
+        if private_grad_samples is not None:
+            self._check_grads(private_grad_samples, "private_grad_samples")
+        if public_grad_samples is not None:
+            self._check_grads(public_grad_samples, "public_grad_samples")
+        g_priv = self.private_gradient(private_grad_samples) if private_grad_samples is not None else None
+        g_pub = self.public_gradient(public_grad_samples) if public_grad_samples is not None else None
+        if g_priv is not None and g_pub is not None:
+            mixed = [self.beta * a + (1.0 - self.beta) * b for a, b in zip(g_priv, g_pub, strict=True)]
+        else:
+            mixed = g_priv if g_priv is not None else g_pub
+        i = 0
+        for group in self.param_groups:
+            lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                d = mixed[i]
+                i += 1
+                if wd:
+                    d = d.add(p, alpha=wd)
+                if mom:
+                    st = self.state[p]
+                    buf = st.get("momentum_buffer")
+                    if buf is None:
+                        buf = st["momentum_buffer"] = d.clone()
+                    else:
+                        buf.mul_(mom).add_(d)
+                    d = buf
+                p.add_(d, alpha=-lr)
+        if private_grad_samples is not None:
+            self.private_steps += 1
+            if self.accountant is not None:
+                self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+
+    def get_epsilon(self, delta: float) -> float:
+        """ε spent so far on the private data at this δ (Opacus accountant; 0 before any private step)."""
+        _check_eps_delta(None, delta, "SemiDPSGD.get_epsilon")
+        if self.accountant is None:
+            raise ValueError("SemiDPSGD.get_epsilon: this optimizer was built with accountant=None")
+        if self.private_steps == 0:
+            return 0.0
+        return float(self.accountant.get_epsilon(delta=delta))
+
+
+def make_public_only_sgd(params: Iterable[torch.Tensor], *, lr: float, clip_norm: float | None = None,
+                         momentum: float = 0.0) -> SemiDPSGD:
+    """Baseline "throw away the private data": SGD on public gradients only (β = 0, no noise, no accountant).
+
+    Privacy: the private data is never used, so the output is (0, 0)-DP w.r.t. it. Call ``step`` with
+    ``public_grad_samples`` only. ``clip_norm=None`` averages unclipped gradients (official ``throw_away_sgd``).
+    """
+    return SemiDPSGD(params, lr=lr, beta=0.0, noise_multiplier=0.0,
+                     max_grad_norm=clip_norm if clip_norm is not None else 1.0, expected_batch_size=1,
+                     sample_rate=1.0, clip_public=clip_norm is not None, momentum=momentum, accountant=None)
+
+
+def make_dp_sgd(params: Iterable[torch.Tensor], *, lr: float, noise_multiplier: float, max_grad_norm: float,
+                expected_batch_size: int, sample_rate: float, momentum: float = 0.0,
+                accountant: AccountantName | None = "rdp",
+                generator: torch.Generator | None = None) -> SemiDPSGD:
+    """DP-SGD (β = 1). Call ``step`` with ``private_grad_samples`` only; for the baseline "treat public as
+    private" draw the Poisson batches from the union of public and private data.
+
+    Privacy: as :class:`SemiDPSGD` with the data set being every sample the batches are drawn from.
+    """
+    return SemiDPSGD(params, lr=lr, beta=1.0, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+                     expected_batch_size=expected_batch_size, sample_rate=sample_rate, momentum=momentum,
+                     accountant=accountant, generator=generator)
+
+
+# -------------------------------------------------------------------------------------------- accounting
+def noise_multiplier_for(*, target_epsilon: float, target_delta: float, sample_rate: float, steps: int,
+                         accountant: AccountantName = "rdp", epsilon_tolerance: float = 0.01) -> float:
+    """Smallest σ (Opacus ``get_noise_multiplier``) with ε(σ, q, T, δ) <= target ε; re-checked afterwards
+    (Opacus issues #346/#348: the binary search must not overshoot)."""
+    where = "noise_multiplier_for"
+    _check_eps_delta(target_epsilon, target_delta, where)
+    _check_rate_steps(sample_rate, steps, where)
+    _check_accountant(accountant, where)
+    return _noise_multiplier_cached(float(target_epsilon), float(target_delta), float(sample_rate), int(steps),
+                                    accountant, float(epsilon_tolerance))
+
+
+@functools.lru_cache(maxsize=256)
+def _noise_multiplier_cached(target_epsilon: float, target_delta: float, sample_rate: float, steps: int,
+                             accountant: str, epsilon_tolerance: float) -> float:
+    _, get_noise_multiplier = _import_opacus()
+    sigma = float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
+                                       sample_rate=sample_rate, steps=steps, accountant=accountant,
+                                       epsilon_tolerance=epsilon_tolerance))
+    while epsilon_for(noise_multiplier=sigma, sample_rate=sample_rate, steps=steps, delta=target_delta,
+                      accountant=accountant) > target_epsilon:
+        sigma *= 1.01
+    return sigma
+
+
+def epsilon_for(*, noise_multiplier: float, sample_rate: float, steps: int, delta: float,
+                accountant: AccountantName = "rdp") -> float:
+    """ε after ``steps`` Poisson-subsampled Gaussian steps (σ, q) at δ, from the Opacus accountant."""
+    where = "epsilon_for"
+    _check_eps_delta(None, delta, where)
+    _check_rate_steps(sample_rate, steps, where)
+    _check_accountant(accountant, where)
+    if not isinstance(noise_multiplier, (int, float)) or noise_multiplier <= 0:
+        raise ValueError(f"{where}: noise_multiplier must be > 0, got {noise_multiplier}")
+    create_accountant, _ = _import_opacus()
+    acc = create_accountant(accountant)
+    acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
+    return float(acc.get_epsilon(delta=delta))
+
+
+def inverse_variance_beta(*, dim: int, noise_multiplier: float, max_grad_norm: float, batch_size: int,
+                          public_batch_size: int) -> float:
+    """Heuristic β from inverse-variance weighting of the two gradient estimators (mirrors r* of mean estimation).
+
+    Var_pub ≈ C² / b_pub, Var_priv ≈ C² / b + d σ² C² / b²; β = Var_pub / (Var_pub + Var_priv).
+    NOTE(deviation): the paper's theory choice of β is not available here; this proxy bounds each gradient's
+    sampling variance by C² and ignores the bias from clipping and from public/private distribution shift.
+    """
+    if dim < 1 or batch_size < 1 or public_batch_size < 1 or max_grad_norm <= 0 or noise_multiplier < 0:
+        raise ValueError("inverse_variance_beta: dim, batch sizes must be >= 1, max_grad_norm > 0, "
+                         "noise_multiplier >= 0")
+    c2 = max_grad_norm**2
+    v_pub = c2 / public_batch_size
+    v_priv = c2 / batch_size + dim * noise_multiplier**2 * c2 / batch_size**2
+    return float(v_pub / (v_pub + v_priv))
+
+
+def poisson_sample(n: int, *, sample_rate: float, generator: torch.Generator | None = None,
+                   device: str | torch.device = "cpu") -> torch.Tensor:
+    """Indices of a Poisson-subsampled batch: each of n examples is included independently with prob. q."""
+    if sample_rate >= 1.0:
+        return torch.arange(n, device=device)
+    mask = torch.rand(n, generator=generator, device=device) < sample_rate
+    return mask.nonzero().flatten()
+
+
+# ------------------------------------------------------------------------------------------------- training
+@dataclass
+class TrainResult:
+    """Output of :func:`train_semi_dp`: the trained model, ε spent (None when no private data was used),
+    σ and the number of steps."""
+
+    model: nn.Module
+    epsilon: float | None
+    noise_multiplier: float
+    steps: int
+
+
+def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
+                  mode: Literal["semi_dp", "public_only", "dp_sgd_all"], x_priv: torch.Tensor,
+                  y_priv: torch.Tensor, x_pub: torch.Tensor, y_pub: torch.Tensor, epsilon: float, delta: float,
+                  steps: int, lr: float, beta: float = 0.5, max_grad_norm: float = 1.0,
+                  batch_size: int | None = None, public_batch_size: int | None = None,
+                  clip_public: bool = True, momentum: float = 0.0, accountant: AccountantName = "rdp",
+                  generator: torch.Generator | None = None) -> TrainResult:
+    """Train ``model`` in place with semi-DP SGD or one of its two baselines, at a target (ε, δ).
+
+    Modes: ``semi_dp`` (Poisson private batches + public batches mixed with β), ``public_only`` (public SGD,
+    private data discarded), ``dp_sgd_all`` (DP-SGD with Poisson batches from the union of public and private
+    data: the public data treated as private). σ is calibrated with :func:`noise_multiplier_for` for
+    (ε, δ, q = b/n, T = ``steps``).
+
+    Privacy: ``semi_dp`` and ``dp_sgd_all`` are (ε, δ)-DP w.r.t. the private data (semi-DP) under the
+    preconditions of :class:`SemiDPSGD` (per-example losses, Poisson sampling, fixed σ, C, q); ``public_only``
+    does not touch it. Hyper-parameter selection on data is not accounted for.
+
+    Args:
+        model: network on the device of the data; trained in place.
+        loss_fn: per-sample loss ``loss_fn(outputs, targets)`` (batch of one) -> scalar.
+        mode: see above.
+        x_priv, y_priv: private data (n_priv, ...) / (n_priv, ...).
+        x_pub, y_pub: public data with the same feature shape.
+        epsilon: target ε > 0; delta: δ in (0, 1).
+        steps: T >= 1 iterations.
+        lr: η > 0.
+        beta: β in [0, 1] (``semi_dp`` only).
+        max_grad_norm: C > 0.
+        batch_size: expected private batch size b (``None``: full batch, q = 1).
+        public_batch_size: public batch size (``None``: all public data).
+        clip_public: clip public per-sample gradients to C.
+        momentum, accountant, generator: passed to :class:`SemiDPSGD`; ``generator`` drives sampling and noise.
+    """
+    where = "train_semi_dp"
+    if mode not in ("semi_dp", "public_only", "dp_sgd_all"):
+        raise ValueError(f"{where}: mode must be semi_dp, public_only or dp_sgd_all, got {mode!r}")
+    _check_eps_delta(epsilon, delta, where)
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"{where}: beta must be in [0, 1], got {beta}")
+    if max_grad_norm <= 0:
+        raise ValueError(f"{where}: max_grad_norm must be > 0, got {max_grad_norm}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{where}: steps must be an int >= 1, got {steps!r}")
+    for name, t in (("x_priv", x_priv), ("y_priv", y_priv), ("x_pub", x_pub), ("y_pub", y_pub)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}: {name} must be a torch.Tensor")
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise ValueError(f"{where}: {name} contains NaN or inf")
+    if x_pub.shape[1:] != x_priv.shape[1:]:
+        raise ValueError(f"{where}: public data has feature shape {tuple(x_pub.shape[1:])} but private data has "
+                         f"{tuple(x_priv.shape[1:])}")
+    if len(x_pub) != len(y_pub) or len(x_priv) != len(y_priv):
+        raise ValueError(f"{where}: inputs and targets must have the same number of samples")
+    if len(x_pub) == 0 or len(x_priv) == 0:
+        raise ValueError(f"{where}: public and private data must be non-empty")
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    n_pub = len(x_pub)
+    b_pub = n_pub if public_batch_size is None else min(int(public_batch_size), n_pub)
+    if mode == "dp_sgd_all":
+        xp, yp = torch.cat([x_priv, x_pub]), torch.cat([y_priv, y_pub])
+    else:
+        xp, yp = x_priv, y_priv
+    n = len(xp)
+    b = n if batch_size is None else int(batch_size)
+    if not 1 <= b <= n:
+        raise ValueError(f"{where}: batch_size must be in [1, {n}], got {batch_size}")
+    q = b / n
+    sigma = 0.0
+    if mode == "public_only":
+        opt = make_public_only_sgd(params, lr=lr, clip_norm=max_grad_norm if clip_public else None,
+                                   momentum=momentum)
+    else:
+        sigma = noise_multiplier_for(target_epsilon=epsilon, target_delta=delta, sample_rate=q, steps=steps,
+                                     accountant=accountant)
+        opt = SemiDPSGD(params, lr=lr, beta=beta if mode == "semi_dp" else 1.0, noise_multiplier=sigma,
+                        max_grad_norm=max_grad_norm, expected_batch_size=b, sample_rate=q,
+                        clip_public=clip_public, momentum=momentum, accountant=accountant, generator=generator)
+    dev = x_priv.device
+    for _ in range(steps):
+        xs, ys = [], []
+        if mode in ("semi_dp", "public_only"):
+            idx = (torch.arange(n_pub, device=dev) if b_pub == n_pub
+                   else torch.randperm(n_pub, generator=generator, device=dev)[:b_pub])
+            xs.append(x_pub[idx])
+            ys.append(y_pub[idx])
+        if mode != "public_only":
+            idx = poisson_sample(n, sample_rate=q, generator=generator, device=dev)
+            xs.append(xp[idx])
+            ys.append(yp[idx])
+        # one vmap call for both batches; rows [0, b_pub) are public in semi_dp / public_only
+        gs = per_sample_grads(model, loss_fn, torch.cat(xs), torch.cat(ys))
+        k = b_pub if mode in ("semi_dp", "public_only") else 0
+        pub = [g[:k] for g in gs] if k else None
+        priv = [g[k:] for g in gs] if mode != "public_only" else None
+        opt.step(private_grad_samples=priv, public_grad_samples=pub)
+    eps = opt.get_epsilon(delta) if mode != "public_only" else None
+    return TrainResult(model=model, epsilon=eps, noise_multiplier=sigma, steps=steps)
