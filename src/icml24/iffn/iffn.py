@@ -1,0 +1,375 @@
+"""Enhancing Vision Transformer: Amplifying Non-Linearity in Feedforward Network Module (Xu et al., ICML 2024).
+
+arXiv: none (PMLR 235:55100-55111, ``pmlr-v235-xu24n``) · official code: none published.
+
+A ViT FFN ``Y = W2 σ(W1 X)`` gives one non-linear basis function per hidden unit, so its non-linearity grows
+with the hidden width C' = r·C. IFFN keeps a *reduced* hidden width and applies n learnable activations
+``AGeLU_k(u) = a_k · GeLU(b_k · u + c_k) + d_k`` to the same ``U = W1 X`` (n·C' basis functions), adds a
+spatial branch ``AGeLU_s(DWConv_k×k(grid(U)))`` over the patch-token grid, and projects the concatenation:
+``Y = W2 [AGeLU_1(U), ..., AGeLU_n(U), AGeLU_s(DWConv(U))]``.
+
+The paper text and code were not available: AGeLU's form, the initialisation, the concat/add merge of the
+spatial branch, its normalisation and the hidden ratio are RECONSTRUCTIONS, each a constructor option.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+__all__ = [
+    "AGeLU",
+    "IFFN",
+    "count_flops",
+    "ffn_flops_per_token",
+    "ffn_num_params",
+    "replace_ffn",
+]
+
+AGeLUInit = Literal["gelu", "shift", "sign"]
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"iffn: {name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"iffn: {name} must be >= {minimum}, got {value}")
+    return value
+
+
+class AGeLU(nn.Module):
+    """Arbitrary GeLU, ``AGeLU_k(u) = a_k · GeLU(b_k · u + c_k) + d_k`` with learnable ``a, b, c, d``.
+
+    With ``n_instances = n > 1`` the n instances are applied to the same input and concatenated along the last
+    dimension (instance-major): ``(..., C') -> (..., n·C')``, i.e. ``cat([AGeLU_1(u), ..., AGeLU_n(u)], -1)``.
+
+    Args:
+        num_features: C', the width of the last input dimension; needed for ``param_shape="channel"``.
+            ``None`` (as when used as a timm ``act_layer()``) gives scalar parameters.
+        n_instances: n, number of AGeLU instances (>= 1).
+        param_shape: ``"channel"`` (a, b, c, d of shape ``(n, C')``) or ``"scalar"`` (shape ``(n, 1)``).
+        init: ``"gelu"``: a=b=1, c=d=0 for every instance (exactly ``F.gelu``); ``"shift"``: a=b=1, d=0,
+            c_k evenly spaced in ``[-shift, shift]`` (c=0 when n=1); ``"sign"``: b_k alternates +1, -1 and
+            c_k = shift (a sign flip alone would be linearly dependent: GeLU(-u) = GeLU(u) - u).
+            RECONSTRUCTED: the paper's initialisation is not known.
+        shift: the shift used by ``init="shift"``/``"sign"``.
+        learnable: if False, a, b, c, d are fixed buffers (the "n shifted plain GeLUs" ablation).
+        approximate: GeLU form passed to ``F.gelu`` (``"none"`` = exact erf GeLU, torch's default).
+        device: device of the parameters.
+        dtype: dtype of the parameters.
+    """
+
+    def __init__(self, num_features: int | None = None, *, n_instances: int = 1,
+                 param_shape: Literal["channel", "scalar"] = "channel", init: AGeLUInit = "gelu",
+                 shift: float = 0.5, learnable: bool = True, approximate: Literal["none", "tanh"] = "none",
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        _check_int("n_instances", n_instances, 1)
+        if param_shape not in ("channel", "scalar"):
+            raise ValueError(f"iffn: param_shape must be 'channel' or 'scalar', got {param_shape!r}")
+        if num_features is None:
+            param_shape = "scalar"
+        else:
+            _check_int("num_features", num_features, 1)
+        if init not in ("gelu", "shift", "sign"):
+            raise ValueError(f"iffn: init must be 'gelu', 'shift' or 'sign', got {init!r}")
+        if not math.isfinite(shift):
+            raise ValueError(f"iffn: shift must be finite, got {shift}")
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"iffn: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.num_features = num_features
+        self.n_instances = n_instances
+        self.param_shape = param_shape
+        self.init = init
+        self.approximate = approximate
+        width = num_features if param_shape == "channel" else 1
+        kw = {"device": device, "dtype": dtype}
+        a = torch.ones(n_instances, width, **kw)
+        b = torch.ones(n_instances, width, **kw)
+        c = torch.zeros(n_instances, width, **kw)
+        d = torch.zeros(n_instances, width, **kw)
+        if init == "shift" and n_instances > 1:
+            c += torch.linspace(-shift, shift, n_instances, **kw)[:, None]
+        elif init == "sign":
+            b *= torch.tensor([(-1.0) ** k for k in range(n_instances)], **kw)[:, None]
+            c += shift
+        for name, value in (("a", a), ("b", b), ("c", c), ("d", d)):
+            if learnable:
+                self.register_parameter(name, nn.Parameter(value))
+            else:
+                self.register_buffer(name, value)
+
+    @property
+    def out_features(self) -> int | None:
+        """n·C' (None when the width is not fixed)."""
+        return None if self.num_features is None else self.n_instances * self.num_features
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        if self.param_shape == "channel" and u.shape[-1] != self.num_features:
+            raise ValueError(f"iffn: AGeLU expects last dimension {self.num_features}, got {tuple(u.shape)}")
+        if self.n_instances == 1:
+            return self.a[0] * F.gelu(self.b[0] * u + self.c[0], approximate=self.approximate) + self.d[0]
+        z = u.unsqueeze(-2)  # (..., 1, C') against (n, C') -> (..., n, C')
+        h = self.a * F.gelu(self.b * z + self.c, approximate=self.approximate) + self.d
+        return h.flatten(-2)
+
+    def extra_repr(self) -> str:
+        return (f"num_features={self.num_features}, n_instances={self.n_instances}, "
+                f"param_shape={self.param_shape!r}, init={self.init!r}")
+
+
+class IFFN(nn.Module):
+    """The improved FFN: reduced hidden width, n AGeLU instances, optional depthwise-conv spatial branch.
+
+    ``U = fc1(X)`` (C -> C'), ``H_c = cat_k AGeLU_k(U)`` (n·C'), ``H_s = AGeLU_s(norm(DWConv(grid(U))))``
+    (C', patch tokens only; prefix/cls tokens get zeros), ``Y = fc2(cat(H_c, H_s))`` for ``spatial_merge=
+    "concat"`` or ``fc2(H_c + repeat_n(H_s))`` for ``"add"``.
+
+    The first seven arguments follow timm's ``Mlp`` (``mlp_layer`` slot of timm's ``Block``); timm's block
+    calls ``mlp_layer(in_features=dim, hidden_features=int(dim*mlp_ratio), act_layer=, norm_layer=, bias=,
+    drop=, device=, dtype=)``, so ``functools.partial(IFFN, hidden_ratio=1.0, ...)`` drops in unchanged.
+    The token grid is inferred at forward time: ``H = W = sqrt(N - num_prefix_tokens)`` for ``(B, N, C)``
+    input, or taken from the shape of channels-last ``(B, H, W, C)`` input (Swin layout, no prefix tokens).
+
+    Args:
+        in_features: C, token width.
+        hidden_features: hidden width offered by the host block (``int(C·mlp_ratio)``); used only when
+            ``hidden_ratio is None``.
+        out_features: output width (default C).
+        act_layer: accepted for timm compatibility and ignored: the activations are AGeLU (GeLU-based).
+        norm_layer: optional norm over the fc2 input width (timm's ``scale_mlp_norm``), else identity.
+        bias: bias of fc1/fc2 (a bool or a pair like timm's ``to_2tuple``); the depthwise conv uses ``bias[0]``.
+        drop: dropout after the activations and after fc2.
+        hidden_ratio: r, hidden width ``C' = round(r·C)``; overrides ``hidden_features`` (``None``: use it).
+        n_instances: n, AGeLU instances on the channel path.
+        spatial: whether to add the depthwise-conv spatial branch.
+        kernel_size: k, odd side of the depthwise kernel (padding k//2 keeps the grid).
+        spatial_merge: ``"concat"`` (fc2 input (n+1)·C') or ``"add"`` (fc2 input n·C'). RECONSTRUCTED.
+        spatial_norm: ``"none"`` or ``"bn"`` (BatchNorm2d after the depthwise conv). RECONSTRUCTED.
+        spatial_act: ``"agelu"`` (learnable, GeLU init) or ``"gelu"`` (plain GeLU) after the conv.
+        agelu_init: initialisation of the channel-path instances (see :class:`AGeLU`). RECONSTRUCTED.
+        agelu_shift: shift used by ``agelu_init``.
+        agelu_learnable: False fixes a, b, c, d (plain shifted GeLUs; ablation).
+        param_shape: ``"channel"`` or ``"scalar"`` AGeLU parameters.
+        num_prefix_tokens: P, leading tokens (cls/dist) that bypass the spatial branch.
+        device: device of the parameters.
+        dtype: dtype of the parameters.
+    """
+
+    def __init__(self, in_features: int, hidden_features: int | None = None, out_features: int | None = None,
+                 act_layer: Callable[..., nn.Module] | None = None,
+                 norm_layer: Callable[[int], nn.Module] | None = None,
+                 bias: bool | tuple[bool, bool] = True, drop: float = 0.0, *,
+                 hidden_ratio: float | None = 1.0, n_instances: int = 2, spatial: bool = True,
+                 kernel_size: int = 3, spatial_merge: Literal["concat", "add"] = "concat",
+                 spatial_norm: Literal["none", "bn"] = "none", spatial_act: Literal["agelu", "gelu"] = "agelu",
+                 agelu_init: AGeLUInit = "shift", agelu_shift: float = 0.5, agelu_learnable: bool = True,
+                 param_shape: Literal["channel", "scalar"] = "channel", num_prefix_tokens: int = 1,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        _check_int("in_features", in_features, 1)
+        if hidden_features is not None:
+            _check_int("hidden_features", hidden_features, 1)
+        if out_features is not None:
+            _check_int("out_features", out_features, 1)
+        if hidden_ratio is not None:
+            if isinstance(hidden_ratio, bool) or not isinstance(hidden_ratio, (int, float)):
+                raise TypeError(f"iffn: hidden_ratio must be a float, got {type(hidden_ratio).__name__}")
+            if not (math.isfinite(hidden_ratio) and hidden_ratio > 0):
+                raise ValueError(f"iffn: hidden_ratio must be > 0, got {hidden_ratio}")
+        _check_int("n_instances", n_instances, 1)
+        _check_int("kernel_size", kernel_size, 1)
+        if kernel_size % 2 == 0:
+            raise ValueError(f"iffn: kernel_size must be odd (even kernels shift the token grid), got {kernel_size}")
+        _check_int("num_prefix_tokens", num_prefix_tokens, 0)
+        if spatial_merge not in ("concat", "add"):
+            raise ValueError(f"iffn: spatial_merge must be 'concat' or 'add', got {spatial_merge!r}")
+        if spatial_norm not in ("none", "bn"):
+            raise ValueError(f"iffn: spatial_norm must be 'none' or 'bn', got {spatial_norm!r}")
+        if spatial_act not in ("agelu", "gelu"):
+            raise ValueError(f"iffn: spatial_act must be 'agelu' or 'gelu', got {spatial_act!r}")
+        if not 0.0 <= drop < 1.0:
+            raise ValueError(f"iffn: drop must be in [0, 1), got {drop}")
+        biases = (bias, bias) if isinstance(bias, bool) else tuple(bias)
+        if len(biases) != 2:
+            raise ValueError(f"iffn: bias must be a bool or a pair of bools, got {bias!r}")
+        del act_layer  # NOTE(deviation): the host's act_layer is replaced by AGeLU (the method's point).
+
+        hidden = max(1, int(round(hidden_ratio * in_features))) if hidden_ratio is not None else (
+            hidden_features or in_features)
+        self.in_features = in_features
+        self.hidden = hidden
+        self.out_features = out_features or in_features
+        self.n_instances = n_instances
+        self.spatial = spatial
+        self.kernel_size = kernel_size
+        self.spatial_merge = spatial_merge
+        self.num_prefix_tokens = num_prefix_tokens
+        self.bias = biases
+        kw = {"device": device, "dtype": dtype}
+
+        self.fc1 = nn.Linear(in_features, hidden, bias=biases[0], **kw)
+        self.act = AGeLU(hidden, n_instances=n_instances, param_shape=param_shape, init=agelu_init,
+                         shift=agelu_shift, learnable=agelu_learnable, **kw)
+        if spatial:
+            self.dwconv = nn.Conv2d(hidden, hidden, kernel_size, padding=kernel_size // 2, groups=hidden,
+                                    bias=biases[0], **kw)
+            self.spatial_norm = nn.BatchNorm2d(hidden, **kw) if spatial_norm == "bn" else nn.Identity()
+            self.spatial_act = (AGeLU(hidden, param_shape=param_shape, init="gelu", **kw) if spatial_act == "agelu"
+                                else nn.GELU())
+        self.fc2_in = hidden * (n_instances + (1 if spatial and spatial_merge == "concat" else 0))
+        self.drop1 = nn.Dropout(drop)
+        self.norm = norm_layer(self.fc2_in) if norm_layer is not None else nn.Identity()
+        if device is not None or dtype is not None:
+            self.norm.to(device=device, dtype=dtype)
+        self.fc2 = nn.Linear(self.fc2_in, self.out_features, bias=biases[1], **kw)
+        self.drop2 = nn.Dropout(drop)
+
+    # ------------------------------------------------------------------ forward
+    def _grid(self, n_tokens: int, p: int, grid_size: tuple[int, int] | None) -> tuple[int, int]:
+        n_grid = n_tokens - p
+        if n_grid < 1:
+            raise ValueError(f"iffn: the spatial branch needs patch tokens: N={n_tokens} <= num_prefix_tokens={p}")
+        if grid_size is not None:
+            h, w = grid_size
+            if h * w != n_grid:
+                raise ValueError(f"iffn: grid_size {grid_size} has {h * w} cells but there are {n_grid} patch "
+                                 f"tokens (N={n_tokens}, num_prefix_tokens={p})")
+            return h, w
+        side = math.isqrt(n_grid)
+        if side * side != n_grid:
+            raise ValueError(f"iffn: the spatial branch needs a square token grid, but N - num_prefix_tokens = "
+                             f"{n_tokens} - {p} = {n_grid} is not a perfect square; pass grid_size=(H, W) or use "
+                             f"(B, H, W, C) input")
+        return side, side
+
+    def forward(self, x: torch.Tensor, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
+        """Apply IFFN to ``(B, N, C)`` tokens (P prefix tokens first, then an H×W grid, row-major) or to a
+        channels-last ``(B, H, W, C)`` grid. ``grid_size=(H, W)`` overrides the square-grid inference.
+        Without the spatial branch any ``(..., C)`` input is accepted."""
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"iffn: expected last dimension {self.in_features}, got {tuple(x.shape)}")
+        if not self.spatial:  # token-wise: any (..., C) input
+            return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
+        if x.ndim not in (3, 4):
+            raise ValueError(f"iffn: the spatial branch needs (B, N, C) or (B, H, W, C) input, got shape "
+                             f"{tuple(x.shape)}")
+        if x.ndim == 4:  # channels-last grid (Swin layout): no prefix tokens
+            b, gh, gw, c = x.shape
+            y = self._forward_tokens(x.reshape(b, gh * gw, c), 0, (gh, gw))
+            return y.reshape(b, gh, gw, -1)
+        return self._forward_tokens(x, self.num_prefix_tokens, grid_size)
+
+    def _forward_tokens(self, x: torch.Tensor, p: int, grid_size: tuple[int, int] | None) -> torch.Tensor:
+        hw = self._grid(x.shape[1], p, grid_size) if self.spatial else None
+        u = self.fc1(x)                                     # (B, N, C')
+        h = self.act(u)                                     # (B, N, n·C')
+        if self.spatial:
+            b, _, cp = u.shape
+            g = u[:, p:].transpose(1, 2).reshape(b, cp, hw[0], hw[1])
+            s = self.spatial_norm(self.dwconv(g)).flatten(2).transpose(1, 2)
+            s = self.spatial_act(s)                         # (B, N-P, C')
+            s = torch.cat([s.new_zeros(b, p, cp), s], dim=1)  # prefix tokens: zero spatial part
+            h = torch.cat([h, s], dim=-1) if self.spatial_merge == "concat" else h + s.repeat(1, 1, self.n_instances)
+        return self.drop2(self.fc2(self.norm(self.drop1(h))))
+
+    # ------------------------------------------------------------------ costs
+    def flops(self, *, batch_size: int, num_tokens: int) -> int:
+        """FLOPs of one forward pass as ``torch.utils.flop_counter.FlopCounterMode`` counts them: 2 × the
+        multiply-accumulates of fc1, fc2 and the depthwise conv (biases, activations, norms not counted)."""
+        _check_int("batch_size", batch_size, 1)
+        _check_int("num_tokens", num_tokens, 1)
+        dense = 2 * num_tokens * (self.in_features * self.hidden + self.fc2_in * self.out_features)
+        conv = 2 * (num_tokens - self.num_prefix_tokens) * self.hidden * self.kernel_size ** 2 if self.spatial else 0
+        return batch_size * (dense + conv)
+
+    def flops_per_token(self, num_tokens: int | None = None) -> float:
+        """FLOPs per token (counter convention, 2 per MAC). ``num_tokens=None``: a patch token (spatial branch
+        included); ``num_tokens=N``: the mean over a sequence of N tokens whose P prefix tokens skip the conv."""
+        if num_tokens is None:
+            conv = 2 * self.hidden * self.kernel_size ** 2 if self.spatial else 0
+            return float(2 * (self.in_features * self.hidden + self.fc2_in * self.out_features) + conv)
+        return self.flops(batch_size=1, num_tokens=num_tokens) / num_tokens
+
+    def num_params(self) -> int:
+        """Learnable parameters from the closed form (fc1, AGeLU, depthwise conv, norm, fc2)."""
+        c, cp, o = self.in_features, self.hidden, self.out_features
+        total = c * cp + (cp if self.bias[0] else 0)
+        total += sum(t.numel() for t in self.act.parameters())
+        if self.spatial:
+            total += cp * self.kernel_size ** 2 + (cp if self.bias[0] else 0)
+            total += sum(t.numel() for t in self.spatial_norm.parameters())
+            total += sum(t.numel() for t in self.spatial_act.parameters())
+        total += sum(t.numel() for t in self.norm.parameters())
+        return total + self.fc2_in * o + (o if self.bias[1] else 0)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, hidden={self.hidden}, n_instances={self.n_instances}, "
+                f"spatial={self.spatial}, kernel_size={self.kernel_size}, spatial_merge={self.spatial_merge!r}, "
+                f"num_prefix_tokens={self.num_prefix_tokens}")
+
+
+def ffn_flops_per_token(*, in_features: int, hidden_features: int, out_features: int | None = None) -> int:
+    """FLOPs per token of a standard FFN ``fc2(act(fc1 x))`` (counter convention: 2·(C·C' + C'·C_out))."""
+    _check_int("in_features", in_features, 1)
+    _check_int("hidden_features", hidden_features, 1)
+    out = out_features or in_features
+    return 2 * (in_features * hidden_features + hidden_features * out)
+
+
+def ffn_num_params(*, in_features: int, hidden_features: int, out_features: int | None = None,
+                   bias: bool = True) -> int:
+    """Parameters of a standard FFN (two linear layers, parameter-free activation)."""
+    _check_int("in_features", in_features, 1)
+    _check_int("hidden_features", hidden_features, 1)
+    out = out_features or in_features
+    return in_features * hidden_features + hidden_features * out + ((hidden_features + out) if bias else 0)
+
+
+def count_flops(module: nn.Module, *inputs: torch.Tensor) -> int:
+    """Total FLOPs of ``module(*inputs)`` (forward only, no grad) measured by ``FlopCounterMode``."""
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        module(*inputs)
+    return int(counter.get_total_flops())
+
+
+def replace_ffn(model: nn.Module, *, attr: str = "mlp", num_prefix_tokens: int | None = None,
+                **iffn_kwargs: object) -> int:
+    """Replace every FFN stored as ``<block>.<attr>`` (a module with Linear ``fc1``/``fc2``) by an :class:`IFFN`.
+
+    Works on timm-style ViTs (``blocks.i.mlp``) and the package's ``TinyViT``. The new module lives on the old
+    one's device/dtype and keeps its in/out widths; ``hidden_features`` defaults to the old hidden width
+    (used when ``hidden_ratio=None``).
+
+    Args:
+        model: the network, modified in place.
+        attr: attribute name of the FFN inside a block.
+        num_prefix_tokens: P for every IFFN; default ``model.num_prefix_tokens`` (timm convention) or 1.
+        **iffn_kwargs: keyword arguments of :class:`IFFN` (``hidden_ratio``, ``n_instances``, ``spatial``...).
+
+    Returns:
+        The number of replaced modules.
+    """
+    if not attr:
+        raise ValueError("iffn: attr must name the FFN attribute, got ''")
+    if num_prefix_tokens is None:
+        num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
+    targets = []
+    for parent in model.modules():
+        old = getattr(parent, attr, None)
+        if isinstance(old, nn.Module) and isinstance(getattr(old, "fc1", None), nn.Linear) and isinstance(
+                getattr(old, "fc2", None), nn.Linear) and not isinstance(old, IFFN):
+            targets.append((parent, old))
+    for parent, old in targets:
+        w = old.fc1.weight
+        kwargs = {"hidden_features": old.fc1.out_features, "out_features": old.fc2.out_features,
+                  "bias": (old.fc1.bias is not None, old.fc2.bias is not None),
+                  "num_prefix_tokens": num_prefix_tokens, "device": w.device, "dtype": w.dtype, **iffn_kwargs}
+        setattr(parent, attr, IFFN(old.fc1.in_features, **kwargs))
+    return len(targets)

@@ -1,0 +1,312 @@
+"""Unit tests of AGeLU / IFFN: reference equivalences, cost formulas against FlopCounterMode, errors."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from icml24.common.nets import Mlp, TinyViT
+from icml24.iffn import IFFN, AGeLU, count_flops, ffn_flops_per_token, ffn_num_params, replace_ffn
+from icml24.iffn.experiment import random_shift
+
+TIMM_MLP_ARGS = ["in_features", "hidden_features", "out_features", "act_layer", "norm_layer", "bias", "drop"]
+
+
+def _randomize(module: nn.Module, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+
+# ----------------------------------------------------------------------------------------------- AGeLU
+@pytest.mark.parametrize("param_shape", ["channel", "scalar"])
+def test_agelu_gelu_init_equals_gelu_exactly(param_shape):
+    x = torch.randn(4, 7, 12) * 3
+    act = AGeLU(12, param_shape=param_shape, init="gelu")
+    torch.testing.assert_close(act(x), F.gelu(x), rtol=0, atol=0)
+    act_n = AGeLU(12, n_instances=3, param_shape=param_shape, init="gelu")
+    torch.testing.assert_close(act_n(x), torch.cat([F.gelu(x)] * 3, -1), rtol=0, atol=0)
+    torch.testing.assert_close(AGeLU()(x), F.gelu(x), rtol=0, atol=0)  # timm act_layer() usage
+
+
+def test_agelu_matches_per_instance_formula():
+    torch.manual_seed(0)
+    act = AGeLU(5, n_instances=3, init="shift")
+    _randomize(act, 1)
+    u = torch.randn(2, 9, 5)
+    ref = torch.cat([act.a[k] * F.gelu(act.b[k] * u + act.c[k]) + act.d[k] for k in range(3)], -1)
+    torch.testing.assert_close(act(u), ref)
+
+
+def test_agelu_inits():
+    shift = AGeLU(4, n_instances=3, init="shift", shift=0.5)
+    torch.testing.assert_close(shift.c[:, 0], torch.tensor([-0.5, 0.0, 0.5]))
+    torch.testing.assert_close(AGeLU(4, n_instances=1, init="shift").c, torch.zeros(1, 4))
+    sign = AGeLU(4, n_instances=2, init="sign", shift=0.5)
+    torch.testing.assert_close(sign.b[:, 0], torch.tensor([1.0, -1.0]))
+    torch.testing.assert_close(sign.c, torch.full((2, 4), 0.5))
+    fixed = AGeLU(4, n_instances=2, init="shift", learnable=False)
+    assert list(fixed.parameters()) == [] and {n for n, _ in fixed.named_buffers()} == {"a", "b", "c", "d"}
+
+
+# ------------------------------------------------------------------------------------- equivalences
+@pytest.mark.parametrize("use_ratio", [True, False])
+def test_iffn_one_instance_no_spatial_equals_standard_ffn(use_ratio):
+    torch.manual_seed(0)
+    c = 16
+    kw = {"hidden_ratio": 4.0} if use_ratio else {"hidden_ratio": None, "hidden_features": 4 * c}
+    iffn = IFFN(c, n_instances=1, spatial=False, agelu_init="gelu", **kw)
+    ffn = Mlp(c, 4 * c)
+    iffn.fc1.load_state_dict(ffn.fc1.state_dict())
+    iffn.fc2.load_state_dict(ffn.fc2.state_dict())
+    x = torch.randn(3, 17, c)
+    torch.testing.assert_close(iffn(x), ffn(x), rtol=0, atol=0)
+
+
+def _reference_iffn(m: IFFN, x: torch.Tensor, p: int) -> torch.Tensor:
+    """Slow per-token reference of the concat IFFN (explicit depthwise convolution loops)."""
+    b, n, c = x.shape
+    side = int(round((n - p) ** 0.5))
+    k, r = m.kernel_size, m.kernel_size // 2
+    w, bias = m.dwconv.weight[:, 0], m.dwconv.bias
+    u = x @ m.fc1.weight.T + m.fc1.bias
+    out = torch.zeros(b, n, m.out_features, dtype=x.dtype)
+    for bi in range(b):
+        for t in range(n):
+            hc = torch.cat([m.act.a[i] * F.gelu(m.act.b[i] * u[bi, t] + m.act.c[i]) + m.act.d[i]
+                            for i in range(m.n_instances)])
+            if t < p:
+                hs = torch.zeros(m.hidden, dtype=x.dtype)
+            else:
+                i, j = divmod(t - p, side)
+                s = bias.clone()
+                for di in range(k):
+                    for dj in range(k):
+                        ii, jj = i + di - r, j + dj - r
+                        if 0 <= ii < side and 0 <= jj < side:
+                            s = s + w[:, di, dj] * u[bi, p + ii * side + jj]
+                sa = m.spatial_act
+                hs = sa.a[0] * F.gelu(sa.b[0] * s + sa.c[0]) + sa.d[0]
+            out[bi, t] = m.fc2.weight @ torch.cat([hc, hs]) + m.fc2.bias
+    return out
+
+
+@pytest.mark.parametrize("p,k", [(1, 3), (0, 5), (2, 3)])
+def test_iffn_matches_slow_reference(p, k):
+    torch.manual_seed(0)
+    m = IFFN(6, hidden_ratio=1.0, n_instances=2, kernel_size=k, num_prefix_tokens=p).double()
+    _randomize(m, 2)
+    x = torch.randn(2, p + 16, 6, dtype=torch.float64)
+    torch.testing.assert_close(m(x), _reference_iffn(m, x, p))
+
+
+def test_add_merge_equals_concat_with_tied_fc2():
+    """add: fc2(H_c + repeat(H_s)) == concat with fc2 weight [W, W] acting on [H_c, H_s] (n=1)."""
+    torch.manual_seed(0)
+    add = IFFN(8, hidden_ratio=1.0, n_instances=1, spatial_merge="add")
+    cat = IFFN(8, hidden_ratio=1.0, n_instances=1, spatial_merge="concat")
+    state = {k: v for k, v in add.state_dict().items() if not k.startswith("fc2")}
+    cat.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        cat.fc2.weight.copy_(torch.cat([add.fc2.weight, add.fc2.weight], 1))
+        cat.fc2.bias.copy_(add.fc2.bias)
+    x = torch.randn(2, 17, 8)
+    torch.testing.assert_close(add(x), cat(x))
+
+
+def test_channels_last_grid_equals_token_input():
+    torch.manual_seed(0)
+    m = IFFN(8, hidden_ratio=2.0, num_prefix_tokens=0)
+    x = torch.randn(2, 3, 5, 8)  # non-square grid is fine in the (B, H, W, C) layout
+    y = m(x)
+    assert y.shape == (2, 3, 5, 8)
+    torch.testing.assert_close(y.reshape(2, 15, 8), m(x.reshape(2, 15, 8), grid_size=(3, 5)))
+
+
+def test_cls_tokens_bypass_spatial_branch_and_conv_is_local():
+    torch.manual_seed(0)
+    m = IFFN(8, hidden_ratio=1.0, n_instances=2, kernel_size=3, num_prefix_tokens=1)
+    x = torch.randn(2, 17, 8)
+    y = m(x)
+    # cls output only depends on the cls input, and equals the channel path with a zero spatial part
+    x2 = x.clone()
+    x2[:, 1:] = torch.randn(2, 16, 8)
+    torch.testing.assert_close(m(x2)[:, 0], y[:, 0], rtol=0, atol=0)
+    hc = m.act(m.fc1(x[:, :1]))
+    ref = m.fc2(torch.cat([hc, torch.zeros(2, 1, m.hidden)], -1))
+    torch.testing.assert_close(y[:, :1], ref)
+    # perturbing grid cell (0, 0) changes exactly its 3x3 neighbourhood: cells (0,0),(0,1),(1,0),(1,1)
+    x3 = x.clone()
+    x3[:, 1] += 1.0
+    changed = (m(x3) - y).abs().amax(dim=(0, 2)) > 1e-6
+    expected = torch.zeros(17, dtype=torch.bool)
+    expected[[1, 2, 5, 6]] = True
+    assert torch.equal(changed, expected)
+
+
+def test_gradients_reach_agelu_params_and_dwconv():
+    torch.manual_seed(0)
+    m = IFFN(8, hidden_ratio=1.0, n_instances=2, spatial_norm="bn")
+    m(torch.randn(4, 17, 8)).square().sum().backward()
+    for name in ["act.a", "act.b", "act.c", "act.d", "spatial_act.a", "spatial_act.b", "spatial_act.c",
+                 "spatial_act.d", "dwconv.weight", "dwconv.bias", "spatial_norm.weight", "fc1.weight"]:
+        grad = m.get_parameter(name).grad
+        assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
+
+
+# ------------------------------------------------------------------------------------------- costs
+@pytest.mark.parametrize("cfg", [
+    {"hidden_ratio": 1.0, "n_instances": 2},
+    {"hidden_ratio": 1.5, "n_instances": 3, "spatial_merge": "add", "kernel_size": 5},
+    {"hidden_ratio": 0.5, "n_instances": 1, "spatial": False},
+    {"hidden_ratio": 2.0, "n_instances": 2, "num_prefix_tokens": 2, "spatial_norm": "bn", "param_shape": "scalar"},
+    {"hidden_ratio": None, "hidden_features": 24, "n_instances": 2, "out_features": 10, "bias": False},
+])
+def test_flops_and_params_match_counter(cfg):
+    m = IFFN(16, **cfg).eval()
+    p = m.num_prefix_tokens
+    n = p + 25
+    x = torch.randn(3, n, 16)
+    measured = count_flops(m, x)
+    assert measured == m.flops(batch_size=3, num_tokens=n)
+    assert m.flops_per_token(n) * 3 * n == pytest.approx(measured)
+    if p == 0 or not m.spatial:
+        assert m.flops_per_token() == pytest.approx(measured / (3 * n))
+    assert m.num_params() == sum(t.numel() for t in m.parameters())
+
+
+def test_cost_table_of_the_notes():
+    """C=64 per-token MACs and params (paper notes' table): FFN r=4 32,768 MACs / 33,088 params; IFFN r=1 n=2
+    concat 16,960 / 17,920; add 12,864 / 13,824; no spatial 12,288 / 12,928."""
+    assert ffn_flops_per_token(in_features=64, hidden_features=256) == 2 * 32768
+    assert ffn_num_params(in_features=64, hidden_features=256) == 33088
+    for kw, macs, params in [({}, 16960, 17920), ({"spatial_merge": "add"}, 12864, 13824),
+                             ({"spatial": False}, 12288, 12928)]:
+        m = IFFN(64, hidden_ratio=1.0, n_instances=2, **kw)
+        assert m.flops_per_token() == 2 * macs
+        assert m.num_params() == params
+    mlp = Mlp(64, 128)
+    x = torch.randn(2, 17, 64)
+    assert count_flops(mlp, x) == 2 * 17 * ffn_flops_per_token(in_features=64, hidden_features=128)
+    assert sum(t.numel() for t in mlp.parameters()) == ffn_num_params(in_features=64, hidden_features=128)
+
+
+# ------------------------------------------------------------------------------ drop-in / timm contract
+def test_timm_mlp_signature_contract():
+    params = list(inspect.signature(IFFN.__init__).parameters.values())[1:]
+    assert [q.name for q in params[:7]] == TIMM_MLP_ARGS
+    assert all(q.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for q in params[:7])
+    assert all(q.kind is inspect.Parameter.KEYWORD_ONLY for q in params[7:])
+    # exactly the call of timm's vision_transformer.Block (with dd = device/dtype)
+    layer = functools.partial(IFFN, hidden_ratio=1.0)
+    m = layer(in_features=32, hidden_features=128, act_layer=nn.GELU, norm_layer=nn.LayerNorm, bias=True,
+              drop=0.1, device="cpu", dtype=torch.float64)
+    assert m.hidden == 32 and m.fc1.weight.dtype == torch.float64 and isinstance(m.norm, nn.LayerNorm)
+    assert m.norm.normalized_shape == (m.fc2_in,)
+    assert m(torch.randn(2, 17, 32, dtype=torch.float64)).shape == (2, 17, 32)
+    assert IFFN(32, 128, hidden_ratio=None).hidden == 128  # hidden_ratio=None: use the host's width
+
+
+def test_drops_into_tiny_vit_and_replace_ffn():
+    torch.manual_seed(0)
+    vit = TinyViT(img_size=8, patch_size=2, embed_dim=32, depth=2,
+                  mlp_layer=functools.partial(IFFN, hidden_ratio=1.0, n_instances=2))
+    x = torch.randn(3, 1, 8, 8)
+    vit(x).sum().backward()
+    assert all(isinstance(b.mlp, IFFN) for b in vit.blocks)
+    assert vit.blocks[0].mlp.act.a.grad is not None
+
+    base = TinyViT(img_size=8, patch_size=2, embed_dim=32, depth=3)
+    assert replace_ffn(base, hidden_ratio=0.5, n_instances=3, kernel_size=5) == 3
+    assert all(isinstance(b.mlp, IFFN) and b.mlp.hidden == 16 and b.mlp.num_prefix_tokens == 1
+               for b in base.blocks)
+    assert base(x).shape == (3, 10)
+    assert replace_ffn(base) == 0  # idempotent
+
+    # hidden_ratio=None keeps the old width; with one GeLU instance and copied weights logits are unchanged
+    ref = TinyViT(img_size=8, patch_size=2, embed_dim=32, depth=2)
+    new = TinyViT(img_size=8, patch_size=2, embed_dim=32, depth=2)
+    new.load_state_dict(ref.state_dict())
+    replace_ffn(new, hidden_ratio=None, n_instances=1, spatial=False, agelu_init="gelu")
+    for b_new, b_ref in zip(new.blocks, ref.blocks, strict=True):
+        b_new.mlp.fc1.load_state_dict(b_ref.mlp.fc1.state_dict())
+        b_new.mlp.fc2.load_state_dict(b_ref.mlp.fc2.state_dict())
+    torch.testing.assert_close(new(x), ref(x))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_device():
+    m = IFFN(16, hidden_ratio=1.0, device="cuda")
+    y = m(torch.randn(2, 17, 16, device="cuda"))
+    assert y.device.type == "cuda"
+    assert count_flops(m, torch.randn(2, 17, 16, device="cuda")) == m.flops(batch_size=2, num_tokens=17)
+
+
+# ------------------------------------------------------------------------------------------ errors
+@pytest.mark.parametrize("kwargs,exc,match", [
+    ({"hidden_ratio": 0.0}, ValueError, "hidden_ratio must be > 0"),
+    ({"hidden_ratio": -1.0}, ValueError, "hidden_ratio must be > 0"),
+    ({"hidden_ratio": float("nan")}, ValueError, "hidden_ratio must be > 0"),
+    ({"hidden_ratio": "1"}, TypeError, "hidden_ratio must be a float"),
+    ({"n_instances": 0}, ValueError, "n_instances must be >= 1"),
+    ({"n_instances": 2.0}, TypeError, "n_instances must be an int"),
+    ({"kernel_size": 4}, ValueError, "kernel_size must be odd"),
+    ({"kernel_size": 0}, ValueError, "kernel_size must be >= 1"),
+    ({"num_prefix_tokens": -1}, ValueError, "num_prefix_tokens must be >= 0"),
+    ({"spatial_merge": "sum"}, ValueError, "spatial_merge"),
+    ({"spatial_norm": "ln"}, ValueError, "spatial_norm"),
+    ({"agelu_init": "zero"}, ValueError, "init must be"),
+    ({"drop": 1.0}, ValueError, "drop must be in"),
+    ({"bias": (True,)}, ValueError, "bias must be"),
+])
+def test_constructor_errors(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        IFFN(16, **kwargs)
+
+
+def test_forward_errors():
+    m = IFFN(8, hidden_ratio=1.0, num_prefix_tokens=1)
+    with pytest.raises(ValueError, match="not a perfect square"):
+        m(torch.randn(2, 1 + 15, 8))
+    with pytest.raises(ValueError, match="grid_size"):
+        m(torch.randn(2, 1 + 16, 8), grid_size=(3, 4))
+    with pytest.raises(ValueError, match="needs patch tokens"):
+        m(torch.randn(2, 1, 8))
+    with pytest.raises(ValueError, match="expected last dimension 8"):
+        m(torch.randn(2, 17, 9))
+    with pytest.raises(ValueError, match=r"needs \(B, N, C\)"):
+        m(torch.randn(17, 8))
+    with pytest.raises(ValueError, match="last dimension 5"):
+        AGeLU(5)(torch.randn(3, 4))
+    with pytest.raises(ValueError, match="num_tokens must be >= 1"):
+        m.flops(batch_size=1, num_tokens=0)
+    assert IFFN(8, spatial=False)(torch.randn(5, 8)).shape == (5, 8)  # no grid needed without the branch
+
+
+# ----------------------------------------------------------------------------------- augmentation
+def test_random_shift_is_an_integer_translation():
+    g = torch.Generator().manual_seed(0)
+    x = torch.arange(2 * 64, dtype=torch.float32).reshape(2, 1, 8, 8) + 1
+    torch.testing.assert_close(random_shift(x, max_shift=0, generator=g), x)
+    y = random_shift(x, max_shift=2, generator=torch.Generator().manual_seed(3))
+    assert y.shape == x.shape
+    for i in range(2):  # every output is x shifted by some (dy, dx) in [-2, 2]^2 with zero fill
+        ok = False
+        for dy in range(-2, 3):
+            for dx in range(-2, 3):
+                ref = torch.zeros(8, 8)
+                src = x[i, 0]
+                ref[max(0, dy):8 + min(0, dy), max(0, dx):8 + min(0, dx)] = \
+                    src[max(0, -dy):8 + min(0, -dy), max(0, -dx):8 + min(0, -dx)]
+                ok |= torch.equal(y[i, 0], ref)
+        assert ok
+    y2 = random_shift(x, max_shift=2, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(y, y2)
+    with pytest.raises(ValueError, match="max_shift"):
+        random_shift(x, max_shift=-1, generator=g)
