@@ -1,0 +1,54 @@
+"""Quick reproduction (run once per module): the contract's outputs and the claims' directions, with margins."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from icml24.private_density.experiment import Config, run, theory_slope
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("private_density_quick")
+    return run(Config.quick(), out), out
+
+
+def test_outputs_written(quick):
+    res, out = quick
+    data = json.loads((out / "results.json").read_text())
+    assert data["mode"] == "quick" and data["slug"] == "private_density"
+    assert (out / "report.md").exists() and (out / "mise_vs_n.png").exists() and (out / "cutoff_vs_n.png").exists()
+    assert len(res.claim_checks) == 2 + 3  # one slope check per (d, beta), three adaptivity checks
+    assert all(np.isfinite(c.measured) for c in res.claim_checks)
+
+
+def test_closed_form_matches_oracle_arm(quick):
+    """Every cell's empirical oracle MISE is within 35% of the closed form (C1 at experiment scale, 12 reps)."""
+    res, _ = quick
+    for c in res.extra["cells"]:
+        assert c["mise"]["oracle"] == pytest.approx(c["closed_form_oracle_mise"], rel=0.35)
+
+
+def test_privacy_costs_and_naive_choices_are_worse(quick):
+    res, _ = quick
+    cells = res.extra["cells"]
+    assert sum(c["privacy_dominated"] for c in cells) >= len(cells) // 2
+    for c in cells:
+        assert c["mise"]["oracle"] > c["mise"]["nonprivate_oracle"]  # privacy has a price
+        assert c["cut_oracle"] <= c["cut_nonprivate"]  # ... and the optimal cutoff shrinks under privacy
+    dom = [c for c in cells if c["privacy_dominated"]]
+    lep = np.median([c["median_ise"]["lepskii_private"] / c["median_ise"]["oracle"] for c in dom])
+    naive = np.median([c["median_ise"]["lepskii_naive"] / c["median_ise"]["oracle"] for c in dom])
+    assert lep < 3.0 and naive > 3.0 * lep
+
+
+def test_slope_direction(quick):
+    res, _ = quick
+    cfg = Config.quick()
+    for d in cfg.dims:
+        for beta in cfg.betas:
+            s = res.summary["oracle"][f"slope_d{d}_b{beta:g}"]["mean"]
+            assert abs(s - theory_slope(beta, d)) < 0.25
