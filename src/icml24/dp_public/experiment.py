@@ -90,7 +90,7 @@ class Config(ExperimentConfig):
     lin_n_test: int = field(default=10000, metadata=_h("test samples (official: 10 000)"))
     lin_betas: tuple[float, ...] = field(default=(0.2, 0.4, 0.6, 0.8, 0.9, 1.0),
                                          metadata=_h("β grid for semi-DP (official tuned β=0.943)"))
-    lin_lrs: tuple[float, ...] = field(default=(0.3, 1.0, 3.0),
+    lin_lrs: tuple[float, ...] = field(default=(0.1, 0.3, 1.0),
                                        metadata=_h("η grid for DP-GD and semi-DP (official η=2.645)"))
     # ---- E4 semi-DP logistic regression on digits (notes §5 E4)
     dig_public_frac: float = field(default=0.03, metadata=_h("public fraction of the training pool "
@@ -101,7 +101,7 @@ class Config(ExperimentConfig):
     dig_steps: int = field(default=500, metadata=_h("iterations T (notes §5 E4)"))
     dig_batch: int = field(default=64, metadata=_h("expected private (Poisson) batch and public batch "
                                                     "(notes §5 E4)"))
-    dig_betas: tuple[float, ...] = field(default=(0.25, 0.5, 0.75), metadata=_h("β grid for semi-DP"))
+    dig_betas: tuple[float, ...] = field(default=(0.3, 0.6), metadata=_h("β grid for semi-DP (official CIFAR β=0.4)"))
     dig_lrs: tuple[float, ...] = field(default=(0.3, 1.0), metadata=_h("η grid for every arm"))
 
     def __post_init__(self) -> None:
@@ -155,7 +155,7 @@ class Config(ExperimentConfig):
     def quick(cls) -> Config:
         return cls(seeds=(0, 1), me_n_pub=(10, 50, 200), me_epsilons=(0.5, 2.0), me_trials=200,
                    ldp_n_pub=(10, 200), ldp_epsilons=(1.0, 4.0), ldp_trials=60, ldp_n=2000,
-                   lin_ratios=(0.01, 0.05), lin_betas=(0.6, 0.9, 1.0), lin_lrs=(1.0, 3.0), lin_n_test=4000,
+                   lin_ratios=(0.01, 0.05), lin_betas=(0.6, 0.9, 1.0), lin_lrs=(0.3, 1.0), lin_n_test=4000,
                    dig_epsilons=(1.0,), dig_steps=200, dig_betas=(0.5,), dig_lrs=(1.0,))
 
 
@@ -362,16 +362,20 @@ def run_digits(cfg: Config, seed: int) -> dict[str, Any]:
         with torch.no_grad():
             return 100.0 * float((m(xx).argmax(1) == yy).float().mean())
 
+    spent: dict[tuple[str, float], float] = {}
+
     def best(mode: str, eps: float, betas: tuple[float, ...]) -> tuple[float, dict[str, float]]:
         top = (-1.0, 0.0, {})
         for lr in cfg.dig_lrs:
             for b in betas:
                 torch.manual_seed(seed)
                 model = torch.nn.Linear(x.shape[1], split.n_classes).to(cfg.device)
-                train_semi_dp(model, _ce, mode=mode, epsilon=eps, delta=cfg.delta,  # type: ignore[arg-type]
-                              steps=cfg.dig_steps, lr=lr, beta=b, max_grad_norm=cfg.clip_norm,
-                              batch_size=cfg.dig_batch, public_batch_size=cfg.dig_batch,
-                              clip_public=mode == "semi_dp", generator=g, **data)
+                tr = train_semi_dp(model, _ce, mode=mode, epsilon=eps, delta=cfg.delta,  # type: ignore[arg-type]
+                                   steps=cfg.dig_steps, lr=lr, beta=b, max_grad_norm=cfg.clip_norm,
+                                   batch_size=cfg.dig_batch, public_batch_size=cfg.dig_batch,
+                                   clip_public=mode == "semi_dp", generator=g, **data)
+                if tr.epsilon is not None:
+                    spent[(mode, eps)] = max(spent.get((mode, eps), 0.0), tr.epsilon)
                 val = acc(model, x[iv], y[iv])
                 if val > top[0]:
                     top = (val, acc(model, x_te, y_te), {"lr": lr, "beta": b})
@@ -385,6 +389,7 @@ def run_digits(cfg: Config, seed: int) -> dict[str, Any]:
         out["dp_sgd_all"][eps], hp_all = best("dp_sgd_all", eps, (1.0,))
         out["semi_dp"][eps], hp_semi = best("semi_dp", eps, cfg.dig_betas)
         out["hp"][eps] = {"public_only": hp_pub, "dp_sgd_all": hp_all, "semi_dp": hp_semi}
+    out["epsilon_spent"] = {f"{m} eps={e:g}": v for (m, e), v in spent.items()}
     return out
 
 

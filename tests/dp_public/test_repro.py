@@ -1,0 +1,72 @@
+"""Quick reproduction of dp_public: run the quick experiment once and check robust claims on it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from icml24.common.results import RunResult
+from icml24.dp_public.experiment import Config, run
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dp_public_quick")
+    return run(Config.quick(), out), out
+
+
+def _check(result: RunResult, prefix: str):
+    return [c for c in result.claim_checks if c.name.startswith(prefix)]
+
+
+def test_quick_run_writes_results_and_plots(quick):
+    result, out = quick
+    assert result.mode == "quick"
+    data = json.loads((out / "results.json").read_text())
+    assert data["slug"] == "dp_public" and data["seeds"] == [0, 1]
+    for png in ("mse_vs_npub_central.png", "mse_vs_npub_local.png", "linreg_mse_vs_ratio.png",
+                "digits_acc_vs_eps.png"):
+        assert (out / png).stat().st_size > 1000
+    assert (out / "report.md").read_text().count("| E") >= 8
+
+
+def test_mean_estimation_claims_hold_on_quick_run(quick):
+    result, _ = quick
+    for c in _check(result, "E1") + _check(result, "E2"):
+        assert c.passed, (c.name, c.measured, c.threshold)
+    # the crossover band is non-empty and the gain there is real
+    band = [c for c in _check(result, "E1") if "crossover" in c.name][0]
+    assert band.measured < 0.9
+
+
+def test_semi_dp_training_direction_on_quick_run(quick):
+    result, _ = quick
+    s = result.summary
+    for r in Config.quick().lin_ratios:
+        semi = s[f"E3 semi_dp ratio={r:g}"]["test_mse"]["mean"]
+        # robust direction: using the private data beats throwing it away by a wide margin at this scale
+        assert semi < 0.8 * s[f"E3 throw_away ratio={r:g}"]["test_mse"]["mean"]
+    for eps in Config.quick().dig_epsilons:
+        semi = s[f"E4 semi_dp eps={eps:g}"]["acc"]["mean"]
+        best = max(s[f"E4 public_only eps={eps:g}"]["acc"]["mean"], s[f"E4 dp_sgd_all eps={eps:g}"]["acc"]["mean"])
+        assert semi >= best - 2.0
+
+
+def test_epsilon_spent_by_training_is_within_target(quick):
+    result, _ = quick
+    assert set(result.extra) == {"E1", "E2", "E3", "E4"}
+    for row in result.extra["E4"]["per_seed"]:
+        spent = row["epsilon_spent"]
+        assert set(spent) == {f"{m} eps={e:g}" for m in ("dp_sgd_all", "semi_dp") for e in Config.quick().dig_epsilons}
+        for key, eps in spent.items():
+            target = float(key.split("eps=")[1])
+            assert 0.9 * target <= eps <= target
+
+
+def test_privunitg_parameters_recorded(quick):
+    result, _ = quick
+    pu = result.extra["E2"]["privunitg"]
+    for eps, prm in pu.items():
+        assert prm["p"] * (1 - prm["q"]) / (prm["q"] * (1 - prm["p"])) == pytest.approx(2.718281828459045 ** float(eps),
+                                                                                          rel=1e-8)
