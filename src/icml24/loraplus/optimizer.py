@@ -1,0 +1,131 @@
+"""LoRA+ optimizer construction: the official parameter-grouping rules with η_B = λ · η_A.
+
+Paper: "LoRA+: Efficient Low Rank Adaptation of Large Models" (Hayou, Ghosh, Yu), arXiv 2402.12354.
+Official code: nikhil-ghosh-berkeley/loraplus (``lora_plus.py``); peft: ``peft.optimizers.create_loraplus_optimizer``.
+
+For the LoRA update ``(α/r)·B A`` of a width-n layer, stable and efficient feature learning needs
+``η_A = Θ(1/n)`` and ``η_B = Θ(1)`` (paper §4), so LoRA+ sets
+
+    η_B = λ · η_A,   λ ≥ 1 fixed (default λ = 2^4 = 16)
+
+Groups (official code and peft, in this order): ``A`` (lr η_A, weight decay), ``embedding`` (LoRA on embeddings,
+lr ``loraplus_lr_embedding``), ``B`` (every ``lora_B`` and **every trainable 1-D tensor**, lr λ·η_A, weight
+decay), ``B_no_decay`` (the members of B that are biases or LayerNorm parameters, lr λ·η_A, no decay).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["loraplus_param_groups", "create_loraplus_optimizer", "GROUP_ORDER"]
+
+GROUP_ORDER = ("A", "embedding", "B", "B_no_decay")
+# NOTE(deviation): peft/official exclude only nn.LayerNorm parameters (and biases) from decay; we also exclude
+# nn.RMSNorm, which modern decoders use in the same role. Identical groups for models without RMSNorm.
+_NO_DECAY_LAYERS = (nn.LayerNorm, nn.RMSNorm)
+
+
+def _owner(model: nn.Module, name: str, strip: int) -> nn.Module | None:
+    owner_name = ".".join(name.split(".")[:-strip])
+    if not owner_name:
+        return model if strip == 1 else None
+    try:
+        return model.get_submodule(owner_name)
+    except AttributeError:
+        return None
+
+
+def _is_lora_embedding(model: nn.Module, name: str) -> bool:
+    if "lora_embedding_" in name:
+        return True
+    try:  # peft's LoRA Embedding layer owns its adapters in ParameterDicts: strip two name parts
+        from peft.tuners.lora.layer import Embedding as PeftLoraEmbedding
+    except ImportError:
+        return False
+    return isinstance(_owner(model, name, 2), PeftLoraEmbedding)
+
+
+def _check_float(name: str, value: float, *, low: float, inclusive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"loraplus: {name} must be a finite number, got {value!r}")
+    if value < low or (value == low and not inclusive):
+        raise ValueError(f"loraplus: {name} must be {'>=' if inclusive else '>'} {low}, got {value}")
+    return float(value)
+
+
+def loraplus_param_groups(model: nn.Module, *, lr: float, loraplus_lr_ratio: float = 16.0,
+                          weight_decay: float = 0.0, loraplus_lr_embedding: float = 1e-6) -> list[dict[str, Any]]:
+    """The LoRA+ parameter groups of ``model`` (any optimizer accepts them).
+
+    Args:
+        model: a model whose trainable parameters include LoRA matrices named ``lora_A``/``lora_B`` (our
+            :class:`~icml24.loraplus.LoRALinear` or a peft LoRA model).
+        lr: η_A, the learning rate of the A matrices (and of trainable 2-D non-LoRA weights such as a new head).
+        loraplus_lr_ratio: λ = η_B / η_A (≥ 1).
+        weight_decay: decay of the A, embedding and B groups (0 for biases and LayerNorm parameters).
+        loraplus_lr_embedding: lr of LoRA matrices on embedding layers.
+
+    Returns:
+        Four dicts in the order :data:`GROUP_ORDER`, each with ``params``, ``lr``, ``weight_decay``, ``group``
+        (its name) and ``param_names``.
+
+    Raises:
+        ValueError: λ < 1 or not finite; lr ≤ 0; negative weight decay; no trainable LoRA parameter.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"loraplus: model must be an nn.Module, got {type(model).__name__}")
+    lr = _check_float("lr", lr, low=0.0)
+    ratio = _check_float("loraplus_lr_ratio", loraplus_lr_ratio, low=1.0, inclusive=True)
+    weight_decay = _check_float("weight_decay", weight_decay, low=0.0, inclusive=True)
+    lr_emb = _check_float("loraplus_lr_embedding", loraplus_lr_embedding, low=0.0)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not any("lora_" in n for n, _ in named):
+        raise ValueError("loraplus: the model has no trainable LoRA parameters (names containing 'lora_'); "
+                         "apply LoRA first, e.g. icml24.loraplus.apply_lora(model, target_modules=..., r=...) "
+                         "or peft.get_peft_model")
+    members: dict[str, list[tuple[str, nn.Parameter]]] = {g: [] for g in GROUP_ORDER}
+    for name, p in named:
+        if _is_lora_embedding(model, name):
+            members["embedding"].append((name, p))
+        elif "lora_B" in name or p.ndim == 1:  # B is the zero-initialised output side; all 1-D tensors join it
+            no_decay = "bias" in name or isinstance(_owner(model, name, 1), _NO_DECAY_LAYERS)
+            members["B_no_decay" if no_decay else "B"].append((name, p))
+        else:
+            members["A"].append((name, p))
+    settings = {"A": (lr, weight_decay), "embedding": (lr_emb, weight_decay), "B": (lr * ratio, weight_decay),
+                "B_no_decay": (lr * ratio, 0.0)}
+    return [{"params": [p for _, p in members[g]], "param_names": [n for n, _ in members[g]], "group": g,
+             "lr": settings[g][0], "weight_decay": settings[g][1]} for g in GROUP_ORDER]
+
+
+def create_loraplus_optimizer(model: nn.Module, *, optimizer_cls: type[torch.optim.Optimizer], lr: float,
+                              loraplus_lr_ratio: float = 16.0, loraplus_weight_decay: float | None = None,
+                              loraplus_lr_embedding: float = 1e-6, **optimizer_kwargs: Any) -> torch.optim.Optimizer:
+    """Build ``optimizer_cls`` over the LoRA+ groups of ``model`` (η_B = λ·η_A).
+
+    Args:
+        model: a model with trainable LoRA parameters (ours or peft's).
+        optimizer_cls: e.g. ``torch.optim.AdamW``.
+        lr: η_A.
+        loraplus_lr_ratio: λ = η_B/η_A, ≥ 1 (paper default 16; official GLUE scripts: 80 for roberta-base, 10 for gpt2).
+        loraplus_weight_decay: weight decay of the groups; ``None`` uses ``optimizer_kwargs["weight_decay"]``
+            (or 0). NOTE(deviation): peft ignores a plain ``weight_decay`` kwarg (every group overrides it with
+            ``loraplus_weight_decay=0``); we honour it.
+        loraplus_lr_embedding: lr of LoRA matrices on embedding layers (default 1e-6, as official code and peft).
+        **optimizer_kwargs: passed to ``optimizer_cls`` (betas, eps, ...).
+
+    Returns:
+        The optimizer; its ``param_groups`` follow :data:`GROUP_ORDER` and carry ``group``/``param_names`` keys.
+        LR schedulers scale every group by the same factor, so λ is preserved.
+    """
+    if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
+        raise TypeError(f"loraplus: optimizer_cls must be a torch.optim.Optimizer subclass, got {optimizer_cls!r}")
+    wd_kwarg = optimizer_kwargs.pop("weight_decay", 0.0)
+    weight_decay = wd_kwarg if loraplus_weight_decay is None else loraplus_weight_decay
+    groups = loraplus_param_groups(model, lr=lr, loraplus_lr_ratio=loraplus_lr_ratio, weight_decay=weight_decay,
+                                   loraplus_lr_embedding=loraplus_lr_embedding)
+    return optimizer_cls(groups, lr=lr, **optimizer_kwargs)

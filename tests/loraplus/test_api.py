@@ -1,0 +1,211 @@
+"""LoRA+ API: grouping rules by name, peft equivalence, init modes, toy scaling law, errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from icml24.loraplus import (
+    GROUP_ORDER,
+    LoRALinear,
+    apply_lora,
+    create_loraplus_optimizer,
+    loraplus_param_groups,
+    toy_feature_updates,
+)
+from icml24.loraplus.experiment import finetune, make_task
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.q_proj = nn.Linear(8, 8)
+        self.v_proj = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        return self.head(self.norm(self.q_proj(h) + self.v_proj(h))).mean(1)
+
+
+def _groups(opt):
+    return {g["group"]: (sorted(g["param_names"]), g["lr"], g["weight_decay"]) for g in opt.param_groups}
+
+
+def test_grouping_rules_by_name():
+    model = apply_lora(Tiny(), target_modules=["q_proj", "v_proj"], r=2, modules_to_save=["norm", "head"])
+    opt = create_loraplus_optimizer(model, optimizer_cls=torch.optim.AdamW, lr=1e-3, loraplus_lr_ratio=8,
+                                    weight_decay=0.01)
+    g = _groups(opt)
+    assert [p["group"] for p in opt.param_groups] == list(GROUP_ORDER)
+    assert g["A"] == (["head.weight", "q_proj.lora_A", "v_proj.lora_A"], 1e-3, 0.01)  # 2-D head: slow group
+    assert g["B"] == (["q_proj.lora_B", "v_proj.lora_B"], 8e-3, 0.01)
+    assert g["B_no_decay"] == (["head.bias", "norm.bias", "norm.weight"], 8e-3, 0.0)  # every 1-D tensor: fast
+    assert g["embedding"] == ([], 1e-6, 0.01)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {"embed.weight", "q_proj.base.weight", "q_proj.base.bias", "v_proj.base.weight",
+                      "v_proj.base.bias"}
+    assert not frozen & {n for grp in g.values() for n in grp[0]}
+
+
+def test_optimizer_step_changes_only_trainable_parameters():
+    torch.manual_seed(0)
+    model = apply_lora(Tiny(), target_modules=["q_proj", "v_proj"], r=2, modules_to_save=["head"])
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = create_loraplus_optimizer(model, optimizer_cls=torch.optim.Adam, lr=1e-2)
+    for _ in range(2):  # B = 0 at init, so A only moves from the second step on
+        opt.zero_grad()
+        model(torch.randint(0, 11, (4, 5))).pow(2).sum().backward()
+        opt.step()
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]) != p.requires_grad, n
+
+
+def test_peft_groups_equal_ours_by_name_and_lr():
+    peft = pytest.importorskip("peft")
+    from peft.optimizers import create_loraplus_optimizer as peft_loraplus
+
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "embed"],
+                             modules_to_save=["head"])
+    model = peft.get_peft_model(Tiny(), config)
+    for n, p in model.named_parameters():  # a trainable LayerNorm too, to exercise B_no_decay
+        if ".norm." in n:
+            p.requires_grad_(True)
+    ours = create_loraplus_optimizer(model, optimizer_cls=torch.optim.AdamW, lr=2e-4, loraplus_lr_ratio=16,
+                                     loraplus_weight_decay=0.1, loraplus_lr_embedding=1e-5)
+    theirs = peft_loraplus(model, torch.optim.AdamW, lr=2e-4, loraplus_lr_ratio=16, loraplus_weight_decay=0.1,
+                           loraplus_lr_embedding=1e-5)
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    theirs_named = [(sorted(name_of[id(p)] for p in g["params"]), g["lr"], g["weight_decay"])
+                    for g in theirs.param_groups]
+    ours_named = [(sorted(g["param_names"]), g["lr"], g["weight_decay"]) for g in ours.param_groups]
+    assert ours_named == theirs_named
+    emb = ours_named[GROUP_ORDER.index("embedding")][0]
+    assert emb and all("lora_embedding" in n for n in emb)  # LoRA on embeddings gets its own lr
+    assert ours_named[GROUP_ORDER.index("B_no_decay")][0]
+
+
+def test_weight_decay_kwarg_is_honoured():
+    model = apply_lora(Tiny(), target_modules=["q_proj"], r=2)
+    opt = create_loraplus_optimizer(model, optimizer_cls=torch.optim.AdamW, lr=1e-3, weight_decay=0.05)
+    assert _groups(opt)["A"][2] == 0.05 and _groups(opt)["B"][2] == 0.05
+
+
+def test_ratio_is_preserved_by_schedulers():
+    model = apply_lora(Tiny(), target_modules=["q_proj"], r=2)
+    opt = create_loraplus_optimizer(model, optimizer_cls=torch.optim.SGD, lr=0.1, loraplus_lr_ratio=4)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=4)
+    for _ in range(2):
+        opt.step()
+        sched.step()
+    lrs = {g["group"]: g["lr"] for g in opt.param_groups}
+    assert lrs["B"] / lrs["A"] == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("init", ["A", "B"])
+def test_init_modes(init):
+    torch.manual_seed(0)
+    layer = LoRALinear(nn.Linear(16, 32), r=4, alpha=8, init=init)
+    zero, rand = (layer.lora_B, layer.lora_A) if init == "A" else (layer.lora_A, layer.lora_B)
+    assert torch.count_nonzero(zero) == 0 and torch.count_nonzero(rand) == rand.numel()
+    bound = 1 / math.sqrt(rand.shape[1])  # kaiming_uniform(a=√5) = U(-1/√fan_in, 1/√fan_in)
+    assert rand.abs().max() <= bound
+    x = torch.randn(5, 16)
+    torch.testing.assert_close(layer(x), layer.base(x))  # BA = 0 at init either way
+
+
+def test_lora_linear_equals_merged_weight_and_delta():
+    torch.manual_seed(1)
+    layer = LoRALinear(nn.Linear(6, 4), r=2, alpha=3.0)
+    nn.init.normal_(layer.lora_B)
+    x = torch.randn(7, 6)
+    ref = x @ (layer.base.weight + (3.0 / 2) * layer.lora_B @ layer.lora_A).T + layer.base.bias
+    torch.testing.assert_close(layer(x), ref)
+    torch.testing.assert_close(layer.merged()(x), ref)
+    torch.testing.assert_close(layer.base(x) + layer.lora_delta(x), ref)
+
+
+def test_cached_finetune_matches_full_forward():
+    """``finetune`` caches the frozen pre-activation; one Adam step must equal the plain model's step."""
+    task = make_task(width=32, in_dim=4, n_samples=16, target_rank=2, seed=0)
+    curve = finetune(task, ratio=4.0, lr=1e-2, rank=2, steps=3, seed=0)
+    torch.manual_seed(0)
+    from icml24.common.nets import MLP
+
+    model = apply_lora(MLP(in_features=4, hidden=[32, 32], out_features=1, bias=False), target_modules=["2"], r=2)
+    model.load_state_dict(task.model.state_dict(), strict=False)
+    opt = create_loraplus_optimizer(model, optimizer_cls=torch.optim.Adam, lr=1e-2, loraplus_lr_ratio=4.0)
+    losses = []
+    for _ in range(4):
+        loss = (model(task.x) - task.y).pow(2).mean()
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    np.testing.assert_allclose(curve, np.array(losses) / losses[0], rtol=1e-5)
+    assert curve[-1] < 1.0
+
+
+def test_same_seed_same_curve():
+    task = make_task(width=16, in_dim=4, n_samples=8, target_rank=2, seed=3)
+    a = finetune(task, ratio=16.0, lr=3e-2, rank=2, steps=5, seed=3)
+    b = finetune(make_task(width=16, in_dim=4, n_samples=8, target_rank=2, seed=3), ratio=16.0, lr=3e-2, rank=2,
+                 steps=5, seed=3)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_toy_width_scaling_law():
+    """Paper §3 / notes §5.1: (c/n, c) keeps both feature updates Θ(1); a shared lr does not."""
+    widths, c = [64, 256, 1024, 4096], 0.1
+    plus = [toy_feature_updates(n=n, eta_a=c / n, eta_b=c, draws=1024) for n in widths]
+    small = [toy_feature_updates(n=n, eta_a=c / n, eta_b=c / n, draws=1024) for n in widths]
+    large = [toy_feature_updates(n=n, eta_a=c, eta_b=c, draws=1024) for n in widths]
+    for key in ("delta_A", "delta_B"):
+        vals = [r[key] for r in plus]
+        assert max(vals) / min(vals) < 4
+    assert small[0]["delta_B"] / small[-1]["delta_B"] > 30
+    assert large[-1]["delta_A"] / large[0]["delta_A"] > 30
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"loraplus_lr_ratio": 0.5}, "loraplus_lr_ratio must be >= 1"),
+    ({"loraplus_lr_ratio": float("inf")}, "loraplus_lr_ratio must be a finite number"),
+    ({"lr": 0.0}, "lr must be > 0"),
+    ({"lr": -1e-3}, "lr must be > 0"),
+    ({"loraplus_weight_decay": -0.1}, "weight_decay must be >= 0"),
+])
+def test_bad_optimizer_arguments(kwargs, match):
+    model = apply_lora(Tiny(), target_modules=["q_proj"], r=2)
+    args = {"optimizer_cls": torch.optim.AdamW, "lr": 1e-3} | kwargs
+    with pytest.raises(ValueError, match=match):
+        create_loraplus_optimizer(model, **args)
+
+
+def test_model_without_lora_is_rejected():
+    with pytest.raises(ValueError, match="no trainable LoRA parameters"):
+        loraplus_param_groups(Tiny(), lr=1e-3)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"target_modules": ["k_proj"], "r": 2}, "match no nn.Linear"),
+    ({"target_modules": ["embed"], "r": 2}, "match no nn.Linear"),
+    ({"target_modules": ["q_proj"], "r": 0}, "r must be a positive int"),
+    ({"target_modules": [], "r": 2}, "target_modules is empty"),
+])
+def test_bad_apply_lora_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        apply_lora(Tiny(), **kwargs)
+
+
+def test_bad_layer_arguments():
+    with pytest.raises(ValueError, match="init must be 'A' or 'B'"):
+        LoRALinear(nn.Linear(2, 2), r=1, init="C")
+    with pytest.raises(TypeError, match="must be an nn.Linear"):
+        LoRALinear(nn.Conv1d(2, 2, 1), r=1)
