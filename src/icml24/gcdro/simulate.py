@@ -1,0 +1,80 @@
+"""Synthetic regression data with distribution shift for GCDRO (no network, explicit generators).
+
+* :func:`selection_bias_regression` — the GDRO (NeurIPS 2022, §4.1) selection-bias simulation, as described by
+  the ``regression_LWLC`` generator of namkoong-lab/dro, re-derived here with an explicit ``np.random.Generator``:
+  S ∈ R^5 correlated Gaussians, ``Y = Sβ + N(0, 0.5²) + 0.1·S1S2S3`` with ``β_j = (−1)^j (j mod 3 + 1)``,
+  ``V_b ~ N(Y, 2²)`` spurious, ``V ~ N(0, 2²)`` noise features; a sample is kept with probability
+  ``|r|^(−5 |sign(r)·V_b − Y|)`` (r > 1: V_b ≈ Y in training; r < −1: V_b ≈ −Y in the shifted tests).
+* :func:`subpopulation_regression` — DN20-style sub-population shift: x ∈ R², a majority with
+  ``y = x·(1, 1) + ε`` and a minority (10 %) with ``y = x·(1, 0.1) + ε``.
+* :func:`corrupt_labels` — gross label noise on a fraction of the training labels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["selection_bias_regression", "subpopulation_regression", "corrupt_labels", "LWLC_BETA"]
+
+LWLC_BETA = np.array([(-1) ** j * (j % 3 + 1) for j in range(5)], dtype=np.float64)
+
+
+def selection_bias_regression(*, n: int, r: float, rng: np.random.Generator, n_pool: int = 100_000,
+                              ps: int = 5, pv: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Draw ``n`` samples ``(X, y)`` (X = [S, V, V_b], d = ps + pv + 1) under selection bias ``r`` (|r| > 1).
+
+    Pools of ``n_pool`` are drawn until ``n`` samples survive the selection.
+    """
+    if not abs(r) > 1:
+        raise ValueError(f"gcdro: selection bias r must satisfy |r| > 1, got {r}")
+    if n < 1 or n_pool < 1:
+        raise ValueError(f"gcdro: n and n_pool must be >= 1, got n={n}, n_pool={n_pool}")
+    beta = np.array([(-1) ** j * (j % 3 + 1) for j in range(ps)], dtype=np.float64)
+    xs, ys, kept = [], [], 0
+    for _ in range(1000):
+        z = rng.normal(0.0, 1.0, size=(n_pool, ps + 1))
+        s = 0.8 * z[:, :ps] + 0.2 * z[:, 1:ps + 1]
+        y = s @ beta + rng.normal(0.0, 0.5, size=n_pool) + 0.1 * s[:, 0] * s[:, 1] * s[:, 2]
+        v = rng.normal(0.0, 2.0, size=(n_pool, pv))
+        vb = rng.normal(y, 2.0)
+        keep = rng.random(n_pool) < np.power(abs(r), -5.0 * np.abs(np.sign(r) * vb - y))
+        xs.append(np.column_stack([s, v, vb])[keep])
+        ys.append(y[keep])
+        kept += int(keep.sum())
+        if kept >= n:
+            break
+    x, yy = np.concatenate(xs), np.concatenate(ys)
+    idx = rng.permutation(x.shape[0])[:n]
+    return x[idx], yy[idx]
+
+
+def subpopulation_regression(*, n: int, rng: np.random.Generator, minority: float = 0.1, noise: float = 0.1,
+                             group: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """DN20-style sub-population data: returns ``(X, y, g)`` with ``g = 1`` for the minority.
+
+    ``group="majority"``/``"minority"`` draws a single group (test environments).
+    """
+    x = rng.normal(size=(n, 2))
+    if group is None:
+        g = (rng.random(n) < minority).astype(np.int64)
+    elif group in ("majority", "minority"):
+        g = np.full(n, int(group == "minority"), dtype=np.int64)
+    else:
+        raise ValueError(f"gcdro: group must be None, 'majority' or 'minority', got {group!r}")
+    theta = np.where(g[:, None] == 1, np.array([1.0, 0.1]), np.array([1.0, 1.0]))
+    y = (x * theta).sum(1) + noise * rng.normal(size=n)
+    return x, y, g
+
+
+def corrupt_labels(y: np.ndarray, *, frac: float, scale: float, rng: np.random.Generator
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Add ``N(0, (scale·std(y))²)`` to a random ``frac`` of the labels; returns ``(y_noisy, is_noisy)``."""
+    if not 0 <= frac < 1:
+        raise ValueError(f"gcdro: noise fraction must be in [0, 1), got {frac}")
+    n = y.shape[0]
+    k = int(round(frac * n))
+    noisy = np.zeros(n, dtype=bool)
+    noisy[rng.choice(n, size=k, replace=False)] = True
+    out = y.copy()
+    out[noisy] += rng.normal(0.0, scale * y.std(), size=k)
+    return out, noisy

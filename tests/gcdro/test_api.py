@@ -1,0 +1,236 @@
+"""GCDRO core and estimator: invariants, closed forms, reference equivalence, input validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+
+from icml24.gcdro import (
+    DRORegressor,
+    EdgeList,
+    GCDRORegressor,
+    adaptive_step,
+    chemical_potential,
+    chi2_worst_case,
+    cvar_worst_case,
+    dirichlet_energy,
+    gradient_flow,
+    graph_laplacian,
+    kl_worst_case,
+    knn_graph,
+    laplacian_apply,
+    upwind_flux,
+)
+
+
+@pytest.fixture(scope="module")
+def noisy_instance():
+    """2-D points, a smooth high-loss region plus 5 % isolated gross-noise spikes (fixed loss vector)."""
+    rng = np.random.default_rng(0)
+    n = 120
+    x = rng.uniform(-1, 1, size=(n, 2))
+    loss = 0.1 + np.exp(-((x - 0.5) ** 2).sum(1) / 0.1)
+    noisy = np.zeros(n, bool)
+    noisy[rng.choice(n, 6, replace=False)] = True
+    loss[noisy] += 10.0
+    loss = torch.tensor(loss / loss.mean())
+    edges = EdgeList.from_adjacency(knn_graph(x, n_neighbors=8))
+    return x, loss, torch.tensor(noisy), edges
+
+
+def _noisy_mass(q, noisy):
+    return float(q[noisy].sum())
+
+
+# ------------------------------------------------------------------------------------------ C1 mechanism
+def test_c1_baselines_concentrate_on_noise_gcdro_does_not(noisy_instance):
+    _, loss, noisy, edges = noisy_instance
+    frac = float(noisy.float().mean())
+    for q in (kl_worst_case(loss, temperature=1.0), chi2_worst_case(loss, lam=1.0),
+              cvar_worst_case(loss, alpha=frac)):
+        assert _noisy_mass(q, noisy) > 0.5
+    q = gradient_flow(loss, edges, alpha=10.0, beta=0.1, n_steps=600)
+    assert _noisy_mass(q, noisy) <= 2 * frac
+    # α = β = 0 (GDRO) with the same flow time is not calibrated: more mass on noise than GCDRO.
+    q0 = gradient_flow(loss, edges, alpha=0.0, beta=0.0, n_steps=600)
+    assert _noisy_mass(q0, noisy) > 2 * _noisy_mass(q, noisy)
+
+
+def test_c3_raising_alpha_lowers_noisy_mass_monotonically(noisy_instance):
+    _, loss, noisy, edges = noisy_instance
+    # start every flow at the α = 0 equilibrium (Gibbs / KL state) and let the Dirichlet term pull mass off
+    gibbs = kl_worst_case(loss, temperature=0.1)
+    masses = [_noisy_mass(gradient_flow(loss, edges, alpha=a, beta=0.1, n_steps=500, q0=gibbs), noisy)
+              for a in (0.0, 0.1, 1.0, 10.0)]
+    assert all(b < a for a, b in zip(masses, masses[1:], strict=False)), masses
+    assert masses[0] > 0.5 and masses[-1] < 0.2
+
+
+# ------------------------------------------------------------------------------------------ C3 exactness
+def test_alpha0_kl_softmax_is_stationary(noisy_instance):
+    _, loss, _, edges = noisy_instance
+    beta = 0.7
+    q = kl_worst_case(loss, temperature=beta)
+    phi = chemical_potential(q, loss, edges, alpha=0.0, beta=beta)
+    flux = upwind_flux(q, phi, edges)
+    assert float(flux.abs().max()) < 1e-12
+    assert float(phi.max() - phi.min()) < 1e-10  # Φ constant: the Gibbs state is the α = 0 equilibrium
+
+
+def test_alpha0_flow_converges_to_kl_softmax_on_complete_graph():
+    rng = np.random.default_rng(1)
+    n, beta = 15, 0.5
+    loss = torch.tensor(rng.exponential(size=n))
+    edges = EdgeList.from_adjacency(np.ones((n, n)) - np.eye(n))
+    q = gradient_flow(loss, edges, alpha=0.0, beta=beta, n_steps=1000, max_step=0.05)
+    torch.testing.assert_close(q, kl_worst_case(loss, temperature=beta), atol=1e-8, rtol=0)
+
+
+def test_flux_sums_to_zero_and_weights_stay_probability():
+    rng = np.random.default_rng(2)
+    n = 60
+    x = rng.normal(size=(n, 3))
+    edges = EdgeList.from_adjacency(knn_graph(x, n_neighbors=5))
+    for _ in range(5):
+        q = torch.tensor(rng.dirichlet(np.ones(n)))
+        phi = torch.tensor(rng.normal(size=n) * 10)
+        assert abs(float(upwind_flux(q, phi, edges).sum())) < 1e-12
+    loss = torch.tensor(rng.exponential(size=n) ** 3 * 100)  # heavy-tailed, large losses
+    for alpha, beta in ((0.0, 0.0), (0.0, 0.1), (5.0, 0.0), (100.0, 1.0)):
+        q, trace = gradient_flow(loss, edges, alpha=alpha, beta=beta, n_steps=200, return_trace=True)
+        assert torch.isfinite(q).all() and float(q.min()) > 0
+        assert abs(float(q.sum()) - 1) < 1e-12
+        assert len(trace) <= 200
+
+
+def test_adaptive_step_keeps_positivity_without_renormalisation():
+    rng = np.random.default_rng(3)
+    n = 40
+    edges = EdgeList.from_adjacency(np.ones((n, n)) - np.eye(n))
+    q = torch.full((n,), 1.0 / n, dtype=torch.float64)
+    loss = torch.tensor(rng.exponential(size=n) * 50)
+    for _ in range(100):
+        phi = chemical_potential(q, loss, edges, alpha=1.0, beta=0.05)
+        tau = adaptive_step(phi, edges, step_scale=0.5, q=q, alpha=1.0)
+        q = q + tau * upwind_flux(q, phi, edges)  # raw Euler step, no clamp
+        assert float(q.min()) > 0 and abs(float(q.sum()) - 1) < 1e-10
+
+
+def test_laplacian_and_dirichlet_energy_match_scipy():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(50, 2))
+    w = knn_graph(x, n_neighbors=6)
+    assert abs(w - w.T).max() == 0 and w.diagonal().sum() == 0
+    lap = graph_laplacian(w)
+    edges = EdgeList.from_adjacency(w)
+    q = rng.dirichlet(np.ones(50))
+    qt = torch.tensor(q)
+    torch.testing.assert_close(laplacian_apply(qt, edges), torch.tensor(lap @ q))
+    torch.testing.assert_close(dirichlet_energy(qt, edges), torch.tensor(q @ (lap @ q)))
+
+
+def test_knn_graph_is_connected_after_fallback():
+    from scipy.sparse.csgraph import connected_components
+
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.normal(size=(20, 2)), rng.normal(size=(20, 2)) + 100])  # two far clusters
+    assert connected_components(knn_graph(x, n_neighbors=3), directed=False)[0] == 1
+    assert connected_components(knn_graph(x, n_neighbors=3, ensure_connected=False), directed=False)[0] == 2
+
+
+# ------------------------------------------------------------------------------------ closed-form baselines
+def test_chi2_matches_bisection_reference_and_kkt():
+    rng = np.random.default_rng(6)
+    loss = torch.tensor(rng.exponential(size=200))
+    lam, n = 0.3, 200
+    q = chi2_worst_case(loss, lam=lam)
+    lo, hi = float(loss.min()) - lam, float(loss.max())
+    for _ in range(200):  # Σ (ℓ − η)_+ / (λ n) = 1 by bisection on η
+        eta = 0.5 * (lo + hi)
+        s = float(torch.clamp(loss - eta, min=0).sum()) / (lam * n)
+        lo, hi = (eta, hi) if s > 1 else (lo, eta)
+    torch.testing.assert_close(q, torch.clamp(loss - eta, min=0) / (lam * n), atol=1e-10, rtol=0)
+    # a large λ (small radius) keeps q positive everywhere: q = 1/n + (ℓ − mean ℓ)/(λ n)
+    big = chi2_worst_case(loss, lam=100.0)
+    torch.testing.assert_close(big, 1 / n + (loss - loss.mean()) / (100.0 * n))
+
+
+def test_cvar_and_kl_closed_forms():
+    loss = torch.tensor([5.0, 1.0, 3.0, 2.0, 4.0], dtype=torch.float64)
+    torch.testing.assert_close(cvar_worst_case(loss, alpha=0.4), torch.tensor([0.5, 0, 0, 0, 0.5], dtype=torch.float64))
+    q = cvar_worst_case(loss, alpha=0.3)  # cap 2/3: 2/3 on the largest, 1/3 on the next
+    torch.testing.assert_close(q, torch.tensor([2 / 3, 0, 0, 0, 1 / 3], dtype=torch.float64))
+    torch.testing.assert_close(kl_worst_case(loss, temperature=2.0), torch.softmax(loss / 2.0, 0))
+
+
+# ----------------------------------------------------------------------------------------------- estimator
+@pytest.fixture(scope="module")
+def linear_data():
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(150, 3))
+    y = x @ np.array([1.0, -2.0, 0.5]) + 0.3 + 0.1 * rng.normal(size=150)
+    return x, y
+
+
+def test_erm_estimator_matches_ols(linear_data):
+    x, y = linear_data
+    m = DRORegressor(method="erm", lr=0.05, max_iter=800, random_state=0).fit(x, y)
+    coef = np.linalg.lstsq(np.column_stack([x, np.ones(len(y))]), y, rcond=None)[0]
+    np.testing.assert_allclose(m.coef_, coef[:3], atol=1e-3)
+    assert m.score(x, y) > 0.99
+
+
+@pytest.mark.parametrize("est", [GCDRORegressor(n_neighbors=5, max_iter=60), GCDRORegressor(
+    n_neighbors=5, max_iter=60, model="mlp", hidden=8, alpha=0.0, beta=0.0), DRORegressor(method="chi2", max_iter=60)])
+def test_estimator_api_and_determinism(linear_data, est):
+    x, y = linear_data
+    a = clone(est).set_params(random_state=3).fit(x, y)
+    b = clone(est).set_params(random_state=3).fit(x, y)
+    np.testing.assert_array_equal(a.predict(x), b.predict(x))
+    assert a.predict(x).shape == (150,) and np.isfinite(a.score(x, y))
+    assert abs(a.weights_.sum() - 1) < 1e-9 and a.weights_.min() >= 0
+    assert set(est.get_params()) >= {"model", "lr", "max_iter", "device"}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"n_neighbors": 0}, "n_neighbors"),
+    ({"n_neighbors": 150}, "n_neighbors"),
+    ({"alpha": -1.0}, "alpha"),
+    ({"beta": -0.1}, "beta"),
+    ({"step_scale": 1.5}, "step_scale"),
+    ({"model": "tree"}, "model"),
+    ({"max_iter": 0}, "max_iter"),
+])
+def test_gcdro_bad_params_raise(linear_data, kwargs, match):
+    x, y = linear_data
+    with pytest.raises(ValueError, match=match):
+        GCDRORegressor(**kwargs).fit(x, y)
+
+
+def test_bad_inputs_raise(linear_data):
+    x, y = linear_data
+    xn = x.copy()
+    xn[3, 1] = np.nan
+    with pytest.raises(ValueError, match="X contains NaN"):
+        GCDRORegressor().fit(xn, y)
+    yn = y.copy()
+    yn[0] = np.nan
+    with pytest.raises(ValueError, match="y contains NaN"):
+        GCDRORegressor().fit(x, yn)
+    with pytest.raises(ValueError, match="same number of samples"):
+        GCDRORegressor().fit(x, y[:-1])
+    with pytest.raises(ValueError, match="method"):
+        DRORegressor(method="wass").fit(x, y)
+    with pytest.raises(ValueError, match="radius"):
+        DRORegressor(method="cvar", radius=2.0).fit(x, y)
+    with pytest.raises(ValueError, match="n_neighbors"):
+        knn_graph(x, n_neighbors=0)
+    with pytest.raises(ValueError, match="alpha"):
+        gradient_flow(torch.ones(150, dtype=torch.float64), EdgeList.from_adjacency(knn_graph(x)), alpha=-1.0)
+    with pytest.raises(ValueError, match="losses"):
+        kl_worst_case(torch.tensor([1.0, float("nan")]), temperature=1.0)
+    m = GCDRORegressor(n_neighbors=5, max_iter=5).fit(x, y)
+    with pytest.raises(ValueError, match="features"):
+        m.predict(x[:, :2])
