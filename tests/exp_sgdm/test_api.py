@@ -49,6 +49,14 @@ def test_stationarity_bound_is_at_most_gradient_norm_and_smoothing_helps_at_a_ki
     assert far == pytest.approx(grad_norm, rel=1e-9) and far_sigma == 0.0
 
 
+def test_closed_form_gradient_matches_autograd():
+    f, _, _ = _problem()
+    x = torch.randn(64, 20, dtype=DT, generator=torch.Generator().manual_seed(2))
+    xx = x.clone().requires_grad_(True)
+    (auto,) = torch.autograd.grad(f(xx).sum(), xx)
+    torch.testing.assert_close(f.grad(x), auto)
+
+
 # ---------------------------------------------------------------- references (notes §5.2)
 def _train(opt_factory, steps=50, seed=0, sched=None):
     torch.manual_seed(seed)
