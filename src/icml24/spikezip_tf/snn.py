@@ -57,7 +57,8 @@ class STBIFNeuron(_Stateful):
     def __init__(self, *, threshold: float | torch.Tensor, pos_max: int, neg_min: int, v_init: float = 0.5,
                  negative_spikes: bool = True) -> None:
         super().__init__()
-        thr = torch.as_tensor(threshold, dtype=torch.get_default_dtype()).detach().clone()
+        thr = (threshold.detach().clone() if isinstance(threshold, torch.Tensor)
+               else torch.tensor(float(threshold), dtype=torch.float64))
         if thr.numel() != 1 or not float(thr) > 0:
             raise ValueError(f"spikezip_tf: threshold must be one positive number, got {threshold}")
         if pos_max < neg_min:
