@@ -181,6 +181,7 @@ def _largest_stable(lrs: tuple[float, ...], failed: list[bool]) -> float:
 # ---------------------------------------------------------------------------------------------- synthetic part
 def horizon_hyper(cfg: Config, T: int) -> tuple[float, float]:
     """(η_T, β_T): η_T = η_{T0}(T0/T)^p, 1 - β_T = (1 - β_{T0})(T0/T)^p."""
+    # NOTE(deviation): the theorem's constants were not available; the T^{-p} scaling is our choice.
     r = (cfg.synth_steps[0] / T) ** cfg.synth_exponent
     return cfg.synth_lr * r, 1.0 - (1.0 - cfg.synth_momentum) * r
 
@@ -197,6 +198,7 @@ def run_synthetic(cfg: Config, *, T: int, lr: float, beta: float, random_scaling
     for t in range(T):
         x.grad = f.grad(x.detach()) + noise[t]  # stochastic gradient at the current iterate
         opt.step()
+    # NOTE(deviation): the theory outputs x̄_t with t ~ U{1..T}; we evaluate the final average x̄_T.
     (xbar,) = opt.ema_params()
     sig = (0.0, 0.003, 0.01, 0.03, 0.1, 0.3)
     ema, _ = stationarity_upper_bound(f, xbar, c=cfg.synth_c, sigmas=sig, num_samples=cfg.synth_mc,

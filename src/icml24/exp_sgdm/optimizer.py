@@ -164,6 +164,8 @@ class ExpSGDM(Optimizer):
                 m, delta = state["momentum_buffer"], state["delta"]
                 m.mul_(beta).add_(p.grad, alpha=1.0 - beta)
                 torch.mul(m, -lr, out=delta)
+                # NOTE(deviation): EMA-form momentum and weight decay inside Δ (authors' PyTorch Sgdm), not
+                # torch.optim.SGD's λx added to g before the momentum; identical when weight_decay == 0.
                 if wd != 0.0:
                     delta.add_(p, alpha=-lr * wd)
                 updates.append((p, delta))
