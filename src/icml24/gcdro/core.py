@@ -120,6 +120,7 @@ class EdgeList:
     dst: torch.Tensor
     weight: torch.Tensor
     n: int
+    degree: torch.Tensor | None = None  # d_i = Σ_j w_ij (cached by from_adjacency)
 
     @classmethod
     def from_adjacency(cls, w: sp.spmatrix | np.ndarray, *, device: str | torch.device = "cpu",
@@ -133,9 +134,11 @@ class EdgeList:
         if abs(coo - coo.T).sum() > 1e-9 * max(1.0, abs(coo).sum()):
             raise ValueError("gcdro: adjacency must be symmetric")
         keep = coo.row != coo.col
-        return cls(torch.as_tensor(coo.row[keep], dtype=torch.long, device=device),
-                   torch.as_tensor(coo.col[keep], dtype=torch.long, device=device),
-                   torch.as_tensor(coo.data[keep], dtype=dtype, device=device), int(coo.shape[0]))
+        src = torch.as_tensor(coo.row[keep], dtype=torch.long, device=device)
+        w = torch.as_tensor(coo.data[keep], dtype=dtype, device=device)
+        n = int(coo.shape[0])
+        deg = torch.zeros(n, dtype=dtype, device=device).index_add_(0, src, w)
+        return cls(src, torch.as_tensor(coo.col[keep], dtype=torch.long, device=device), w, n, deg)
 
 
 def laplacian_apply(q: torch.Tensor, edges: EdgeList) -> torch.Tensor:
@@ -194,7 +197,7 @@ def adaptive_step(phi: torch.Tensor, edges: EdgeList, *, step_scale: float, q: t
     s, t, w = edges.src, edges.dst, edges.weight
     rate = torch.zeros_like(phi).index_add_(0, s, w * (phi[t] - phi[s]).abs()).max()
     if q is not None and alpha:
-        deg = torch.zeros_like(q).index_add_(0, s, w)
+        deg = edges.degree if edges.degree is not None else torch.zeros_like(q).index_add_(0, s, w)
         diff = w * torch.maximum(q[s], q[t]) * (2.0 * alpha * q.numel()) * (deg[s] + deg[t])
         rate = torch.maximum(rate, torch.zeros_like(q).index_add_(0, s, diff).max())
     return step_scale / rate if rate > 0 else torch.full_like(rate, float("inf"))
