@@ -139,3 +139,56 @@ def test_stats():
     assert s["ci_low"] < 2.0 < s["ci_high"] and s["n"] == 3
     d = paired_difference([2.0, 3.0, 5.0], [1.0, 1.0, 2.0])
     assert d["mean"] == pytest.approx(2.0)
+
+
+class _FakeExperiment:
+    """Stands in for an experiment module: ``Config`` and a ``run`` whose claim holds iff ``lr < 1``."""
+
+    Config = _Cfg
+
+    @staticmethod
+    def run(cfg, out_dir):
+        if cfg.flag:
+            raise RuntimeError("boom")
+        rec = RunRecorder("loraplus", cfg, out_dir)
+        for s in cfg.seeds:
+            rec.add_seed(s, {"base": {"loss": 1.0}, "method": {"loss": cfg.lr}})
+        return rec.finish([compare_arms(rec.summary(), name="c", metric="loss", baseline_arm="base",
+                                        method_arm="method", direction="<=", margin=1.0, kind="ratio")])
+
+
+@pytest.fixture
+def fake_registry(monkeypatch):
+    monkeypatch.setattr(registry, "experiment", lambda slug: _FakeExperiment)
+    monkeypatch.setattr(registry.Paper, "implemented", property(lambda self: self.slug in ("loraplus", "mola")))
+
+
+def test_cli_run_applies_seeds_and_sets_and_summarises(fake_registry, tmp_path, capsys):
+    code = cli.main(["run", "loraplus", "--quick", "--out", str(tmp_path), "--seeds", "3", "4", "--set", "lr=0.5",
+                     "--quiet"])
+    assert code == 0
+    data = json.loads((tmp_path / "loraplus" / "results.json").read_text())
+    assert data["seeds"] == [3, 4] and data["config"]["lr"] == 0.5 and data["claim_checks"][0]["passed"]
+    assert "| loraplus | 1/1 claims hold |" in capsys.readouterr().out
+
+
+def test_cli_strict_fails_on_a_claim_that_does_not_hold(fake_registry, tmp_path):
+    args = ["run", "loraplus", "--quick", "--out", str(tmp_path), "--set", "lr=2.0", "--quiet"]
+    assert cli.main(args) == 0
+    assert cli.main([*args, "--strict"]) == 1
+
+
+def test_cli_run_all_keeps_going_after_a_crash(fake_registry, tmp_path, capsys, monkeypatch):
+    calls, original = [], _FakeExperiment.run
+
+    def run(cfg, out_dir):
+        calls.append(out_dir.name)
+        if out_dir.name == "loraplus":
+            raise RuntimeError("boom")
+        return original(cfg, out_dir)
+
+    monkeypatch.setattr(_FakeExperiment, "run", staticmethod(run))
+    assert cli.main(["run", "all", "--quick", "--out", str(tmp_path), "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert calls == ["loraplus", "mola"]
+    assert "| loraplus | CRASHED: RuntimeError: boom |" in out and "| mola | 1/1 claims hold |" in out
