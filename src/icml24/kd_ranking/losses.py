@@ -168,7 +168,7 @@ def distill(student: nn.Module, teacher: nn.Module | Callable[[torch.Tensor], to
         student: the model being trained (its mode is set to ``train()`` during the loop).
         teacher: a frozen model or callable giving teacher logits for a batch ``x`` (run under ``no_grad``;
             an ``nn.Module`` is put in ``eval()``), or ``None`` when ``loader`` yields ``(x, y, t)`` with
-            precomputed teacher logits ``t``.
+            precomputed teacher logits ``t``. Unused (and may be ``None``) when ``loss`` is ``None``.
         loader: re-iterable of ``(x, y)`` (or ``(x, y, t)``) batches, iterated once per epoch.
         loss: a KD loss ``L_kd(student_logits, teacher_logits)`` such as :class:`KLDistillLoss` or
             :class:`RankingKDLoss`; ``None`` trains with CE only.
@@ -207,7 +207,9 @@ def distill(student: nn.Module, teacher: nn.Module | Callable[[torch.Tensor], to
         tot = ce_tot = kd_tot = 0.0
         n = 0
         for batch in loader:
-            if teacher is None:
+            if loss is None or lam == 0.0:
+                x, y, t = batch[0].to(dev), batch[1].to(dev), None
+            elif teacher is None:
                 if len(batch) != 3:
                     raise ValueError("distill: with teacher=None the loader must yield (x, y, teacher_logits)")
                 x, y, t = (b.to(dev) for b in batch)
@@ -217,7 +219,7 @@ def distill(student: nn.Module, teacher: nn.Module | Callable[[torch.Tensor], to
                     t = teacher(x)
             s = student(x)
             ce = F.cross_entropy(s, y)
-            kd = loss(s, t) if loss is not None and lam > 0 else s.new_zeros(())
+            kd = loss(s, t) if t is not None else s.new_zeros(())
             obj = (1.0 - lam) * ce + lam * kd
             opt.zero_grad(set_to_none=True)
             obj.backward()
