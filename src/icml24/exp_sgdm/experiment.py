@@ -294,6 +294,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                  label=arm, color=colors[arm], marker="o")
         ax.axvline(tuned[ds], color="gray", ls=":", label=f"tuned lr {tuned[ds]}")
         ax.set_xscale("log")
+        ax.set_xticks(list(cfg.lr_grid), [f"{lr:g}" for lr in cfg.lr_grid])
+        ax.minorticks_off()
         ax.set(title=f"{ds}: validation accuracy vs lr", xlabel="η (EMA-form lr)", ylabel="val acc (%)")
         ax.legend()
     artifacts.append(save_figure(fig, out_dir / "lr_sweep.png"))
