@@ -214,7 +214,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                              detail=", ".join(f"{a}={v:.4g}" for a, v in bm.items())))
 
     artifacts = [_plot_weights(cfg, c1_example, out_dir / "worst_case_weights.png"),
-                 _plot_env_rmse(cfg, env_rmse, s, out_dir / "rmse_per_environment.png")]
+                 _plot_env_rmse(cfg, env_rmse, s, out_dir / "rmse_per_environment.png"),
+                 _plot_sensitivity(grids, out_dir / "sensitivity.png")]
     extra = {"d1_env_rmse": {a: v for a, v in env_rmse.items()}, "r_test": list(cfg.r_test),
              "grids": {str(k): v for k, v in grids.items()}}
     return rec.finish(checks, artifacts=artifacts, extra=extra)
@@ -243,7 +244,7 @@ def _plot_env_rmse(cfg: Config, env_rmse: dict[str, list[list[float]]], s: dict,
     fig, axes = new_figure(2)
     x = [abs(r) for r in cfg.r_test]
     for arm in ARMS:
-        band(axes[0], x, env_rmse[arm], label=arm, marker="o")
+        band(axes[0], x, env_rmse[arm], label=arm, marker="o", log_y=True)
     axes[0].set_xlabel("|r| of the shifted test environment (r < 0)")
     axes[0].set_ylabel("test RMSE (D1)")
     axes[0].legend(fontsize=7)
@@ -251,4 +252,24 @@ def _plot_env_rmse(cfg: Config, env_rmse: dict[str, list[list[float]]], s: dict,
     stds = [s[a]["d2_rmse_minority"]["std"] for a in ARMS]
     axes[1].bar(list(ARMS), means, yerr=stds, color="tab:gray")
     axes[1].set_ylabel("minority-group RMSE (D2)")
+    return save_figure(fig, path)
+
+
+def _plot_sensitivity(grids: dict[int, dict], path: Path) -> Path:
+    """D1 shifted-test RMSE of every candidate (grid ordered from most to least pessimistic), mean ± std."""
+    fig, axes = new_figure(1, width=5.5)
+    ax = axes[0]
+    seeds = list(grids)
+    for arm in ("kl", "chi2", "cvar", "gcdro"):
+        params = [row["param"] for row in grids[seeds[0]]["d1"][arm]]
+        runs = [[float(np.mean([v for k, v in row.items() if k.startswith("rmse_r")])) for row in grids[s]["d1"][arm]]
+                for s in seeds]
+        band(ax, list(range(len(params))), runs, label=f"{arm} ({', '.join(f'{p:g}' for p in params)})",
+             marker="o", log_y=True)
+    erm = [float(np.mean([v for k, v in grids[s]["d1"]["erm"][0].items() if k.startswith("rmse_r")])) for s in seeds]
+    ax.axhline(float(np.mean(erm)), color="k", ls="--", lw=1, label="erm")
+    ax.set_xticks(list(range(len(params))))
+    ax.set_xlabel("grid position (most -> least pessimistic)")
+    ax.set_ylabel("D1 mean shifted-test RMSE")
+    ax.legend(fontsize=7)
     return save_figure(fig, path)
