@@ -23,7 +23,8 @@ def _help(text: str) -> dict[str, str]:
 class ExperimentConfig:
     seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata=_help("random seeds; every arm runs on each"))
     device: str = field(default="cpu", metadata=_help("torch device for all arms (cpu, cuda, cuda:1, ...)"))
-    threads: int = field(default=2, metadata=_help("torch intra-op threads (0 keeps torch's default)"))
+    threads: int = field(default=1, metadata=_help(
+        "torch intra-op threads; 1 because the reproductions' tensors are small (0 keeps torch's default)"))
 
     def __post_init__(self) -> None:
         if not self.seeds:
