@@ -52,7 +52,6 @@ def _h(text: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
     seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=_h("random seeds (notes §5: 5 seeds)"))
-    threads: int = field(default=1, metadata=_h("torch intra-op threads"))
     # ---- E1 central mean estimation (notes §5 E1)
     me_dim: int = field(default=50, metadata=_h("d, dimension (notes §5 E1)"))
     me_n: int = field(default=2000, metadata=_h("n = n_pub + n_priv (notes §5 E1)"))

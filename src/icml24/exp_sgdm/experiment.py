@@ -40,8 +40,6 @@ _DATASETS = ("digits", "breast_cancer", "iris", "wine")
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
     seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata={"help": "seeds (notes §5.3: 5 seeds)"})
-    threads: int = field(default=1, metadata={
-        "help": "torch intra-op threads (1: the matmuls are small; 2 threads oversubscribe a shared 2-core CPU)"})
     datasets: tuple[str, ...] = field(default=("digits", "breast_cancer"), metadata={
         "help": "sklearn sets for the MLP part (notes §5.3: digits + breast_cancer)"})
     hidden: tuple[int, ...] = field(default=(256, 256), metadata={

@@ -38,7 +38,6 @@ def _h(text: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
     seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=_h("random seeds (issue: 5 seeds)"))
-    threads: int = field(default=1, metadata=_h("torch intra-op threads (1: the tensors are small)"))
     n_train: int = field(default=1000, metadata=_h("n, training samples per data set (notes §5: 2000; halved for CPU)"))
     n_val: int = field(default=500, metadata=_h("validation samples from the training distribution (model selection)"))
     n_test: int = field(default=1000, metadata=_h("samples per test environment"))

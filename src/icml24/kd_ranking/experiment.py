@@ -46,8 +46,6 @@ def _h(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
-    threads: int = field(default=1, metadata=_h("torch intra-op threads; 1 because the nets are tiny and extra "
-                                                 "threads only add contention"))
     seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=_h("student seeds (init + batch order); "
                                                                          "5 seeds per the issue"))
     # data (notes §5.2)

@@ -48,8 +48,6 @@ N_TASKS = len(DOMAINS)
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
     seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata={"help": "seeds (notes §5: 5 seeds)"})
-    threads: int = field(default=1, metadata={
-        "help": "torch intra-op threads; 1 is fastest for these tiny MLPs (and on a shared CPU)"})
     epochs: int = field(default=150, metadata={"help": "training epochs per arm (notes §5 CPU protocol)"})
     hidden: int = field(default=128, metadata={"help": "backbone width: MLP 64→hidden→hidden, ReLU (notes §5)"})
     rank: int = field(default=4, metadata={"help": "r, LoRA rank of every expert (official README stage ranks 4)"})
