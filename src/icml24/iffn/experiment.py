@@ -54,8 +54,6 @@ def parse_arm(name: str) -> tuple[str, float]:
 
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
-    threads: int = field(default=1, metadata=_h(
-        "torch intra-op threads; 1: the tiny matmuls gain nothing from more and spin under CPU contention"))
     # ---------------------------------------------------------------- A: non-linearity toy (notes §5 A)
     toy_targets: tuple[str, ...] = field(default=TOY_TARGETS, metadata=_h(
         "toy target families: ridge (Σ_j g_j(w_jᵀx), few directions) and teacher (random GeLU FFN); notes §5 A"))
