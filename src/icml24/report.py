@@ -35,8 +35,8 @@ def render_results_md(results_dir: Path) -> str:
     for slug, p in registry.PAPERS.items():
         r = results.get(slug)
         if r is None:
-            status = "no full run yet" if p.implemented else "planned"
-            lines.append(f"| [{slug}](src/icml24/{slug}/README.md) | — | {status} | — | — |")
+            name = f"[{slug}](src/icml24/{slug}/README.md)" if p.implemented else slug
+            lines.append(f"| {name} | — | {'no full run yet' if p.implemented else 'planned'} | — | — |")
             continue
         verdict = "holds" if r.passed else ("partly holds" if r.claims_held else "does not hold")
         lines.append(f"| [{slug}](results/{slug}/report.md) | {r.claims_held}/{len(r.claim_checks)} | **{verdict}** | "

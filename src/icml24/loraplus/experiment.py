@@ -70,8 +70,8 @@ class Config(ExperimentConfig):
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(widths=(64, 512), ratios=(1.0, 4.0, 16.0), lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
-                   steps=100, n_samples=128, toy_widths=(64, 256, 1024), seeds=(0, 1))
+        return cls(widths=(64, 1024), ratios=(1.0, 16.0), lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
+                   steps=150, n_samples=128, seeds=(0, 1))
 
 
 @dataclass
