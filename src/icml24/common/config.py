@@ -15,15 +15,16 @@ from typing import Any, TypeVar
 C = TypeVar("C", bound="ExperimentConfig")
 
 
-def _help(text: str) -> dict[str, str]:
+def help_text(text: str) -> dict[str, str]:
+    """Field metadata documenting a config field: ``field(default=..., metadata=help_text("η, lr (paper §4)"))``."""
     return {"help": text}
 
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata=_help("random seeds; every arm runs on each"))
-    device: str = field(default="cpu", metadata=_help("torch device for all arms (cpu, cuda, cuda:1, ...)"))
-    threads: int = field(default=1, metadata=_help(
+    seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata=help_text("random seeds; every arm runs on each"))
+    device: str = field(default="cpu", metadata=help_text("torch device for all arms (cpu, cuda, cuda:1, ...)"))
+    threads: int = field(default=1, metadata=help_text(
         "torch intra-op threads; 1 because the reproductions' tensors are small (0 keeps torch's default)"))
 
     def __post_init__(self) -> None:

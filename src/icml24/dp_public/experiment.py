@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from icml24.common.config import ExperimentConfig
+from icml24.common.config import help_text as _h
 from icml24.common.data import load_sklearn
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
@@ -43,10 +44,6 @@ SLUG = "dp_public"
 
 ME_ARMS = ("throw_away", "treat_as_private", "private_only", "weighted", "weighted_oracle")
 LDP_ARMS = ("throw_away", "treat_as_private", "weighted", "weighted_oracle")
-
-
-def _h(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from icml24.common.config import ExperimentConfig
+from icml24.common.config import help_text as _h
 from icml24.common.plotting import band, new_figure, save_figure
 from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult
@@ -29,10 +30,6 @@ from icml24.gcdro.simulate import corrupt_labels, selection_bias_regression, sub
 SLUG = "gcdro"
 BASELINES = ("kl", "chi2", "cvar")
 ARMS = ("erm", "kl", "chi2", "cvar", "gdro", "gcdro")
-
-
-def _h(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass(frozen=True)

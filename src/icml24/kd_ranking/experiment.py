@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from scipy import stats as st
 
 from icml24.common.config import ExperimentConfig
+from icml24.common.config import help_text as _h
 from icml24.common.nets import MLP
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
@@ -38,10 +39,6 @@ from icml24.kd_ranking.calibration import ece, fit_temperature
 from icml24.kd_ranking.losses import RANKING_KINDS, KLDistillLoss, RankingKDLoss, distill
 
 SLUG = "kd_ranking"
-
-
-def _h(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from icml24.common.config import ExperimentConfig
+from icml24.common.config import help_text as _h
 from icml24.common.nets import MLP
 from icml24.common.plotting import band, new_figure, save_figure
 from icml24.common.progress import progress
@@ -27,10 +28,6 @@ from icml24.loraplus.optimizer import create_loraplus_optimizer
 from icml24.loraplus.toy import toy_feature_updates
 
 SLUG = "loraplus"
-
-
-def _h(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass(frozen=True)

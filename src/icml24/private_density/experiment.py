@@ -19,6 +19,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from icml24.common.config import ExperimentConfig
+from icml24.common.config import help_text as _h
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult
@@ -35,10 +36,6 @@ from icml24.private_density.projection import (
 
 SLUG = "private_density"
 ARMS = ("oracle", "lepskii_private", "nonprivate_cutoff", "lepskii_naive")
-
-
-def _h(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass(frozen=True)

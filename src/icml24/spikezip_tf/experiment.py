@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from icml24.common.config import ExperimentConfig
+from icml24.common.config import help_text as _h
 from icml24.common.data import digits_images
 from icml24.common.nets import TinyViT
 from icml24.common.plotting import band, new_figure, save_figure
@@ -30,10 +31,6 @@ from icml24.spikezip_tf.snn import convert, count_macs, simulate
 from icml24.spikezip_tf.text import TinyTextEncoder
 
 SLUG = "spikezip_tf"
-
-
-def _h(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass(frozen=True)
