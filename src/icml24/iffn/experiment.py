@@ -144,7 +144,7 @@ class Config(ExperimentConfig):
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(seeds=(0, 1), toy_targets=("ridge",), toy_hidden=(16,), toy_n_train=4000, toy_n_test=2000,
+        return cls(seeds=(0, 1), toy_targets=("ridge",), toy_hidden=(8,), toy_n_train=4000, toy_n_test=2000,
                    toy_steps=1500, vit_arms=("ffn_r4", "ffn_r1", "iffn_r1"), embed_dim=32, depth=1, epochs=8,
                    warmup_epochs=1)
 
