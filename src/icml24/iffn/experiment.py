@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from icml24.common.config import ExperimentConfig
+from icml24.common.config import help_text as _h
 from icml24.common.data import digits_images
 from icml24.common.nets import Mlp, TinyViT
 from icml24.common.plotting import band, new_figure, save_figure
@@ -37,10 +38,6 @@ SLUG = "iffn"
 TOY_TARGETS = ("ridge", "teacher")
 ARM_KINDS = ("ffn", "iffn", "iffn_nospatial", "iffn_n1", "dwconv_gelu")
 _ARM_RE = re.compile(r"^(?P<kind>[a-z_0-9]+?)_r(?P<ratio>\d+(?:\.\d+)?)$")
-
-
-def _h(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 def parse_arm(name: str) -> tuple[str, float]:
