@@ -59,6 +59,7 @@ def test_show(capsys):
     (["run", "loraplus", "--quick", "--set", "steps=0"], "steps must be >= 1"),
     (["run", "loraplus", "--quick", "--out", "results"], "quick runs never write into results/"),
     (["frobnicate"], "invalid choice"),
+    (["run", "loraplus", "--quick", "--device", "tpu"], "device must be cpu, cuda[:N] or mps"),
 ])
 def test_cli_errors_are_one_line_with_exit_2(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
@@ -66,6 +67,12 @@ def test_cli_errors_are_one_line_with_exit_2(argv, needle, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_a_clear_error(capsys):
+    assert cli.main(["run", "loraplus", "--quick", "--device", "cuda"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
 
 
 def test_run_of_a_planned_paper_is_refused(capsys):

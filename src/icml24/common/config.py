@@ -12,6 +12,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import torch
+
 C = TypeVar("C", bound="ExperimentConfig")
 
 
@@ -36,6 +38,8 @@ class ExperimentConfig:
             raise ValueError(f"seeds must be distinct, got {self.seeds!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps"):
             raise ValueError(f"device must be cpu, cuda[:N] or mps, got {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} requested but CUDA is not available here; use --device cpu")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
 
