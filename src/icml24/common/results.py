@@ -236,6 +236,7 @@ class RunRecorder:
         self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.t0 = time.perf_counter()
         self.paper = PAPERS[slug]
+        self._caller_threads = torch.get_num_threads()
         if getattr(cfg, "threads", 0):
             torch.set_num_threads(cfg.threads)
 
@@ -265,6 +266,7 @@ class RunRecorder:
             extra=_jsonable(extra or {}),
         )
         result.save(self.out_dir)
+        torch.set_num_threads(self._caller_threads)
         return result
 
 
