@@ -81,7 +81,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        attn = self.attn_drop((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        attn = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1))
         return self.proj_drop(self.proj((attn @ v).transpose(1, 2).reshape(b, n, c)))
 
 
@@ -111,11 +111,16 @@ class PatchEmbed(nn.Module):
         super().__init__()
         if img_size % patch_size:
             raise ValueError(f"PatchEmbed: img_size ({img_size}) must be divisible by patch_size ({patch_size})")
+        self.img_size, self.in_chans = img_size, in_chans
         self.grid_size = (img_size // patch_size, img_size // patch_size)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        expected = (self.in_chans, self.img_size, self.img_size)
+        if x.dim() != 4 or tuple(x.shape[1:]) != expected:
+            raise ValueError(f"PatchEmbed: expected input of shape (B, {', '.join(map(str, expected))}), "
+                             f"got {tuple(x.shape)}")
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
