@@ -310,3 +310,17 @@ def test_random_shift_is_an_integer_translation():
     assert torch.equal(y, y2)
     with pytest.raises(ValueError, match="max_shift"):
         random_shift(x, max_shift=-1, generator=g)
+
+
+def test_flops_of_channels_last_input_match_the_counter():
+    m = IFFN(16, 16, hidden_ratio=1, n_instances=2, spatial=True)
+    x = torch.randn(2, 4, 4, 16)  # (B, H, W, C): no prefix tokens
+    assert count_flops(m, x) == m.flops(batch_size=2, num_tokens=16, num_prefix_tokens=0)
+    assert count_flops(m, x) != m.flops(batch_size=2, num_tokens=16)  # the default assumes a cls token
+
+
+@pytest.mark.parametrize("grid_size", [(-4, -4), (2.0, 8.0), (4,), "44"])
+def test_bad_grid_size(grid_size):
+    m = IFFN(16, 16, hidden_ratio=1, n_instances=2, spatial=True)
+    with pytest.raises(ValueError, match="grid_size must be two ints >= 1"):
+        m(torch.randn(2, 17, 16), grid_size=grid_size)

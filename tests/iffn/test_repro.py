@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from icml24.iffn.experiment import Config, build_vit, ffn_costs, run, toy_data
+from icml24.iffn.experiment import Config, build_vit, run, toy_data, toy_model, train_toy
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,12 @@ def test_same_seed_same_numbers():
     m2 = build_vit("iffn_r1", cfg, "cpu")
     x = torch.randn(2, 1, 8, 8)
     torch.testing.assert_close(m1(x), m2(x), rtol=0, atol=0)
-    assert ffn_costs(m1, cfg) == ffn_costs(m2, cfg)
+    short = dataclasses.replace(cfg, toy_steps=20)
+    mse = []
+    for seed in (3, 3, 4):
+        torch.manual_seed(seed)
+        mse.append(train_toy(toy_model("iffn_half", 8, short, "cpu"), toy_data("ridge", short, seed), short, seed))
+    assert mse[0] == mse[1] and mse[0] != mse[2]
 
 
 @pytest.mark.parametrize("change,match", [

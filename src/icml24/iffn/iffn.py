@@ -237,6 +237,9 @@ class IFFN(nn.Module):
         if n_grid < 1:
             raise ValueError(f"iffn: the spatial branch needs patch tokens: N={n_tokens} <= num_prefix_tokens={p}")
         if grid_size is not None:
+            if (not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2
+                    or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in grid_size)):
+                raise ValueError(f"iffn: grid_size must be two ints >= 1, got {grid_size!r}")
             h, w = grid_size
             if h * w != n_grid:
                 raise ValueError(f"iffn: grid_size {grid_size} has {h * w} cells but there are {n_grid} patch "
@@ -280,13 +283,16 @@ class IFFN(nn.Module):
         return self.drop2(self.fc2(self.norm(self.drop1(h))))
 
     # ------------------------------------------------------------------ costs
-    def flops(self, *, batch_size: int, num_tokens: int) -> int:
+    def flops(self, *, batch_size: int, num_tokens: int, num_prefix_tokens: int | None = None) -> int:
         """FLOPs of one forward pass as ``torch.utils.flop_counter.FlopCounterMode`` counts them: 2 × the
-        multiply-accumulates of fc1, fc2 and the depthwise conv (biases, activations, norms not counted)."""
+        multiply-accumulates of fc1, fc2 and the depthwise conv (biases, activations, norms not counted).
+        ``num_prefix_tokens`` defaults to the layer's; pass 0 for channels-last ``(B, H, W, C)`` input."""
         _check_int("batch_size", batch_size, 1)
         _check_int("num_tokens", num_tokens, 1)
+        p = self.num_prefix_tokens if num_prefix_tokens is None else num_prefix_tokens
+        _check_int("num_prefix_tokens", p, 0)
         dense = 2 * num_tokens * (self.in_features * self.hidden + self.fc2_in * self.out_features)
-        conv = 2 * (num_tokens - self.num_prefix_tokens) * self.hidden * self.kernel_size ** 2 if self.spatial else 0
+        conv = 2 * (num_tokens - p) * self.hidden * self.kernel_size ** 2 if self.spatial else 0
         return batch_size * (dense + conv)
 
     def flops_per_token(self, num_tokens: int | None = None) -> float:
