@@ -23,7 +23,7 @@ def test_quick_run_writes_results_and_plots(quick_result):
     data = json.loads((out / "results.json").read_text())
     assert data["mode"] == "quick" and data["slug"] == "gcdro"
     assert set(res.summary) == set(ARMS)
-    assert len(res.claim_checks) == 4
+    assert len(res.claim_checks) == 5
     assert (out / "worst_case_weights.png").exists() and (out / "rmse_per_environment.png").exists()
     for arm in ARMS:
         assert res.summary[arm]["d1_rmse_mean"]["n"] == len(Config.quick().seeds)
@@ -37,6 +37,22 @@ def test_quick_c1_mechanism(quick_result):
     assert s["gcdro"]["c1_noisy_mass"]["mean"] <= 2 * frac
     assert min(s[a]["c1_noisy_mass"]["mean"] for a in ("kl", "chi2", "cvar")) >= 0.5
     assert abs(s["erm"]["c1_noisy_mass"]["mean"] - frac) < 1e-9
+    # uniform weights (ERM) pass the noisy-mass bound too: GCDRO's flow must have actually moved mass
+    assert s["erm"]["c1_tv_from_uniform"]["mean"] < 1e-12 and abs(s["erm"]["c1_bump_mass_ratio"]["mean"] - 1) < 1e-9
+    assert s["gcdro"]["c1_tv_from_uniform"]["mean"] > 1e-3
+
+
+def test_quick_checks_are_named_honestly_and_bump_check_is_measured(quick_result):
+    res, out = quick_result
+    by_metric = {c.metric: c for c in res.claim_checks}
+    bump = by_metric["c1_bump_mass_ratio"]
+    assert bump.threshold == 1.5 and bump.direction == ">="
+    assert bump.measured == res.summary["gcdro"]["c1_bump_mass_ratio"]["mean"]
+    for metric in ("d1_rmse_mean", "d2_rmse_minority"):
+        c = by_metric[metric]
+        assert "non-inferior" in c.name and "erm=" in c.detail and "gcdro/erm" in c.detail
+    edges = json.loads((out / "results.json").read_text())["extra"]["selected_at_grid_edge"]
+    assert set(edges) == {"d1", "d2"} and set(edges["d1"]) == {"kl", "chi2", "cvar", "gcdro"}
 
 
 def test_quick_calibration_beats_uncalibrated_flow(quick_result):

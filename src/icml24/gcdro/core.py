@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 _EPS = 1e-12
+KL_MIN_TEMPERATURE = 1e-6  # smallest KL temperature λ accepted (smaller ones overflow ℓ/λ)
 
 
 def _check_finite_array(name: str, a: np.ndarray) -> None:
@@ -87,23 +88,32 @@ def knn_graph(x: np.ndarray, *, n_neighbors: int = 10, sigma: float | None = Non
     if not 1 <= n_neighbors < n:
         raise ValueError(f"gcdro: n_neighbors must be in [1, n_samples - 1] = [1, {n - 1}], got {n_neighbors}")
     _check_finite_array("x", x)
-    if sigma is not None and (not np.isfinite(sigma) or sigma <= 0):
-        raise ValueError(f"gcdro: sigma must be > 0 or None, got {sigma}")
+    if sigma is not None:
+        if isinstance(sigma, bool) or not isinstance(sigma, (int, float, np.integer, np.floating)):
+            raise TypeError(f"gcdro: sigma must be a float or None, got {type(sigma).__name__}")
+        if not np.isfinite(sigma) or sigma <= 0:
+            raise ValueError(f"gcdro: sigma must be a finite number > 0 or None, got {sigma}")
     k = int(n_neighbors)
     while True:
-        dist = kneighbors_graph(x, n_neighbors=k, mode="distance", include_self=False)
-        dist = dist.maximum(dist.T).tocsr()  # symmetrise: i ~ j if either is a kNN of the other
-        n_comp, _ = connected_components(dist, directed=False)
+        dist = kneighbors_graph(x, n_neighbors=k, mode="distance", include_self=False).tocsr()
+        # Gaussian weights BEFORE symmetrising: identical rows have distance 0, which a sparse max(W, Wᵀ)
+        # would drop as an explicit zero; their weight exp(0) = 1 must stay an edge.
+        if sigma is None:  # median kNN distance of the symmetrised graph (zeros of duplicate rows excluded)
+            d_sym = dist.maximum(dist.T).data
+            s = float(np.median(d_sym)) if d_sym.size else 1.0
+        else:
+            s = float(sigma)
+        s = s if s > 0 else 1.0
+        w = dist.copy()
+        # floor keeps far (fallback) edges from underflowing to 0, which would disconnect the graph again
+        w.data = np.maximum(np.exp(-(w.data ** 2) / (2.0 * s * s)), 1e-12)
+        w = w.maximum(w.T).tocsr()  # symmetrise: i ~ j if either is a kNN of the other
+        w.setdiag(0.0)
+        w.eliminate_zeros()
+        n_comp, _ = connected_components(w, directed=False)
         if n_comp == 1 or not ensure_connected or k >= n - 1:
             break
         k = min(2 * k, n - 1)
-    s = float(np.median(dist.data)) if sigma is None else float(sigma)
-    s = s if s > 0 else 1.0
-    w = dist.copy()
-    # floor keeps far (fallback) edges from underflowing to 0, which would disconnect the graph again
-    w.data = np.maximum(np.exp(-(w.data ** 2) / (2.0 * s * s)), 1e-12)
-    w.setdiag(0.0)
-    w.eliminate_zeros()
     return w.tocsr()
 
 
@@ -239,7 +249,7 @@ def gradient_flow(losses: torch.Tensor, edges: EdgeList, *, alpha: float = 1.0, 
         raise ValueError(f"gcdro: max_step must be > 0 or None, got {max_step}")
     if not torch.isfinite(losses).all():
         raise ValueError("gcdro: losses contain NaN or inf")
-    losses = losses.detach().to(edges.weight.dtype)
+    losses = losses.detach().to(device=edges.weight.device, dtype=edges.weight.dtype)
     n = edges.n
     q = torch.full((n,), 1.0 / n, dtype=losses.dtype, device=losses.device) if q0 is None else \
         q0.detach().to(device=losses.device, dtype=losses.dtype).clone()
@@ -276,10 +286,13 @@ def erm_weights(losses: torch.Tensor) -> torch.Tensor:
 
 
 def kl_worst_case(losses: torch.Tensor, *, temperature: float) -> torch.Tensor:
-    """KL-penalised DRO best response ``q_i ∝ exp(ℓ_i / λ)`` (exponential tilting), λ = ``temperature`` > 0."""
+    """KL-penalised DRO best response ``q_i ∝ exp(ℓ_i / λ)`` (exponential tilting), λ = ``temperature`` >= 1e-6."""
     _check_losses(losses)
-    if not temperature > 0:
-        raise ValueError(f"gcdro: temperature must be > 0, got {temperature}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"gcdro: temperature must be a float, got {type(temperature).__name__}")
+    if not (np.isfinite(temperature) and temperature >= KL_MIN_TEMPERATURE):
+        # ℓ/λ overflows to inf for λ ~ 1e-310 and the softmax returns NaN
+        raise ValueError(f"gcdro: temperature must be finite and >= {KL_MIN_TEMPERATURE:g}, got {temperature}")
     return torch.softmax(losses / temperature, dim=0)
 
 

@@ -20,6 +20,7 @@ from icml24.gcdro import core
 __all__ = ["GCDRORegressor", "DRORegressor"]
 
 _METHODS = ("erm", "kl", "chi2", "cvar")
+_KL_MIN_TEMPERATURE = core.KL_MIN_TEMPERATURE  # smaller λ makes ℓ/λ overflow (NaN weights mid-training)
 
 
 def _validate_xy(X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -38,8 +39,10 @@ def _check_common(est: _BaseWeightedRegressor) -> None:
         raise ValueError(f"gcdro: model must be 'linear' or 'mlp', got {est.model!r}")
     if isinstance(est.hidden, bool) or not isinstance(est.hidden, int) or est.hidden < 1:
         raise ValueError(f"gcdro: hidden must be an int >= 1, got {est.hidden!r}")
-    if not (isinstance(est.lr, (int, float)) and est.lr > 0):
-        raise ValueError(f"gcdro: lr must be > 0, got {est.lr!r}")
+    if isinstance(est.lr, bool) or not isinstance(est.lr, (int, float)):
+        raise TypeError(f"gcdro: lr must be a float, got {type(est.lr).__name__}")
+    if not (np.isfinite(est.lr) and est.lr > 0):
+        raise ValueError(f"gcdro: lr must be a finite number > 0, got {est.lr!r}")
     if isinstance(est.max_iter, bool) or not isinstance(est.max_iter, int) or est.max_iter < 1:
         raise ValueError(f"gcdro: max_iter must be an int >= 1, got {est.max_iter!r}")
 
@@ -185,6 +188,11 @@ class GCDRORegressor(_BaseWeightedRegressor):
             raise ValueError(f"gcdro: n_inner must be an int >= 0, got {self.n_inner!r}")
         if not 0 < self.step_scale < 1:
             raise ValueError(f"gcdro: step_scale must be in (0, 1), got {self.step_scale}")
+        if self.sigma is not None:
+            if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float)):
+                raise TypeError(f"gcdro: sigma must be a float or None, got {type(self.sigma).__name__}")
+            if not (np.isfinite(self.sigma) and self.sigma > 0):
+                raise ValueError(f"gcdro: sigma must be a finite number > 0 or None, got {self.sigma}")
 
     def fit(self, X: Any, y: Any) -> GCDRORegressor:
         """Build the kNN graph of the training inputs and train the model on the GCDRO risk."""
@@ -211,7 +219,7 @@ class GCDRORegressor(_BaseWeightedRegressor):
 class DRORegressor(_BaseWeightedRegressor):
     """Conventional DRO baselines with closed-form worst cases, same model/training loop as GCDRO.
 
-    ``method``: ``"erm"`` (uniform), ``"kl"`` (``q ∝ exp(ℓ/λ)``, λ = ``radius``), ``"chi2"``
+    ``method``: ``"erm"`` (uniform), ``"kl"`` (``q ∝ exp(ℓ/λ)``, λ = ``radius`` >= 1e-6), ``"chi2"``
     (``q_i = (ℓ_i − η)_+/(λ n)``, λ = ``radius``), ``"cvar"`` (uniform on the top ``radius`` fraction).
     Losses are divided by their mean first (``normalize_loss``), so ``radius`` is scale-free.
     """
@@ -235,8 +243,13 @@ class DRORegressor(_BaseWeightedRegressor):
         _check_common(self)
         if self.method not in _METHODS:
             raise ValueError(f"gcdro: method must be one of {_METHODS}, got {self.method!r}")
-        if isinstance(self.radius, bool) or not isinstance(self.radius, (int, float)) or not self.radius > 0:
-            raise ValueError(f"gcdro: radius must be > 0, got {self.radius!r}")
+        if isinstance(self.radius, bool) or not isinstance(self.radius, (int, float)):
+            raise TypeError(f"gcdro: radius must be a float, got {type(self.radius).__name__}")
+        if not (np.isfinite(self.radius) and self.radius > 0):
+            raise ValueError(f"gcdro: radius must be a finite number > 0, got {self.radius!r}")
+        if self.method == "kl" and self.radius < _KL_MIN_TEMPERATURE:
+            # softmax(ℓ/λ) with λ ~ 1e-310 overflows ℓ/λ to inf and the training turns NaN
+            raise ValueError(f"gcdro: radius (KL temperature) must be >= {_KL_MIN_TEMPERATURE:g}, got {self.radius!r}")
         if self.method == "cvar" and self.radius > 1:
             raise ValueError(f"gcdro: radius (CVaR level) must be in (0, 1], got {self.radius}")
         xt, yt = self._prepare(X, y)

@@ -3,9 +3,10 @@
 Arms (same data, same seeds, same linear model and training loop): ERM, KL-DRO, χ²-DRO, CVaR-DRO, GDRO
 (GCDRO with α = β = 0) and GCDRO. Each DRO arm's radius (and GCDRO's α) is selected on a validation set
 drawn from the *training* distribution (noisy labels included; no test-domain access).
-Claims: (C2) GCDRO's mean RMSE over the shifted test environments <= 1.05 × the best DRO baseline's (D1) and
-its minority-group RMSE likewise (D2); (C1) with a fixed loss vector (the ERM fit's), KL/χ²/CVaR put most
-worst-case mass on the 5 % noisy points while GCDRO puts at most twice their uniform share.
+Claims: (C2, non-inferiority) GCDRO's mean RMSE over the shifted test environments <= 1.05 × the best of
+KL/χ²/CVaR (D1) and its minority-group RMSE likewise (D2), ERM reported alongside; (C1) with a fixed loss vector
+(the ERM fit's), KL/χ²/CVaR put most worst-case mass on the 5 % noisy points while GCDRO puts at most twice
+their uniform share AND moves mass onto the clean high-loss region (>= 1.5 × its uniform share).
 """
 
 from __future__ import annotations
@@ -135,12 +136,36 @@ def _c1_fixed_loss(cfg: Config, losses: np.ndarray, x: np.ndarray, noisy: np.nda
     }
 
 
+def c1_bump(losses: np.ndarray, noisy: np.ndarray, *, quantile: float = 0.9) -> np.ndarray:
+    """The clean high-loss region: clean points whose loss is >= the ``quantile`` of the clean losses.
+
+    The notes' C1 mechanism (§2.3 / §5) is that GCDRO moves worst-case mass *onto* such a smooth high-loss
+    region ("0 % spike, 98 % bump") rather than onto the isolated noisy spikes; ``mass(bump) / bump.mean()``
+    is its mass relative to the uniform share (1 = uniform).
+    """
+    clean = ~noisy
+    return clean & (losses >= np.quantile(losses[clean], quantile))
+
+
+def _grid_edges(cfg: Config, chosen: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """How often each arm's validation-selected hyper-parameter sits at the low / high end of its grid."""
+    grids = {"kl": cfg.kl_grid, "chi2": cfg.chi2_grid, "cvar": cfg.cvar_grid, "gcdro": cfg.alphas}
+    out: dict[str, dict[str, Any]] = {}
+    for arm, grid in grids.items():
+        sel = chosen[arm]
+        out[arm] = {"grid": list(grid), "selected": sel, "n_seeds": len(sel), "single_value_grid": len(grid) == 1,
+                    "at_low_edge": sum(v == min(grid) for v in sel) if len(grid) > 1 else 0,
+                    "at_high_edge": sum(v == max(grid) for v in sel) if len(grid) > 1 else 0}
+    return out
+
+
 def run(cfg: Config, out_dir: Path) -> RunResult:
     rec = RunRecorder(SLUG, cfg, out_dir)
     out_dir = Path(out_dir)
     env_rmse: dict[str, list[list[float]]] = {a: [] for a in ARMS}
     grids: dict[int, dict] = {}
     c1_example: dict[str, Any] = {}
+    per_seed_metrics: list[dict[str, dict[str, float]]] = []
     for seed in progress(cfg.seeds, desc=SLUG):
         seed_everything(seed)
         rng = numpy_generator(seed)
@@ -165,8 +190,11 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         erm = chosen["erm"][1]
         xs = (xtr - xtr.mean(0)) / xtr.std(0)
         w = _c1_fixed_loss(cfg, erm.train_losses_, xs, noisy)
+        bump = c1_bump(erm.train_losses_, noisy)
         for arm in ARMS:
             metrics[arm]["c1_noisy_mass"] = float(w[arm][noisy].sum())
+            metrics[arm]["c1_bump_mass_ratio"] = float(w[arm][bump].sum() / bump.mean())
+            metrics[arm]["c1_tv_from_uniform"] = float(0.5 * np.abs(w[arm] - 1.0 / len(noisy)).sum())
         if not c1_example:
             c1_example = {"losses": erm.train_losses_, "noisy": noisy, "weights": w}
         # ---------------- D2: sub-population shift + label noise
@@ -185,24 +213,39 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             metrics[arm].update({"d2_rmse_minority": r["rmse_minority"], "d2_rmse_majority": r["rmse_majority"],
                                  "d2_param": v})
         grids[seed] = {"d1": grid1, "d2": grid2}
+        per_seed_metrics.append(metrics)
         rec.add_seed(seed, metrics)
 
     s = rec.summary()
     checks = []
+    pct = round(100 * (cfg.margin - 1))
     for metric, label in (("d1_rmse_mean", "D1 mean RMSE over shifted test environments"),
                           ("d2_rmse_minority", "D2 minority-group RMSE")):
+        # non-inferiority (GCDRO within margin of the best DRO baseline), NOT superiority; ERM is reported too
         best = min(BASELINES, key=lambda a: s[a][metric]["mean"])
-        g, b = s["gcdro"][metric]["mean"], s[best][metric]["mean"]
-        checks.append(ClaimCheck(name=f"gcdro <= {cfg.margin:g} x best DRO baseline ({label})", metric=metric,
-                                 measured=g / b, threshold=cfg.margin, direction="<=", baseline_arm=best,
-                                 method_arm="gcdro", margin=cfg.margin, paper_value="GCDRO beats DRO (no number)",
-                                 detail=f"gcdro={g:.4g}, best baseline {best}={b:.4g}, ratio={g / b:.4g}"))
+        g, b, e = s["gcdro"][metric]["mean"], s[best][metric]["mean"], s["erm"][metric]["mean"]
+        checks.append(ClaimCheck(
+            name=f"C2: gcdro non-inferior within {pct:g}% to best of KL/chi2/CVaR ({label})", metric=metric,
+            measured=g / b, threshold=cfg.margin, direction="<=", baseline_arm=best, method_arm="gcdro",
+            margin=cfg.margin, paper_value="GCDRO beats DRO (no number)",
+            detail=(f"non-inferiority: gcdro/{best} = {g:.4g}/{b:.4g} = {g / b:.4g} <= {cfg.margin:g}; "
+                    f"erm={e:.4g}, gcdro/erm = {g / e:.4g} ({'better' if g < e else 'not better'} than ERM)")))
     frac = cfg.noise_frac
     gm = s["gcdro"]["c1_noisy_mass"]["mean"]
     checks.append(ClaimCheck(name="C1: GCDRO worst-case mass on noisy points <= 2x uniform share",
                              metric="c1_noisy_mass", measured=gm, threshold=2 * frac, direction="<=",
                              method_arm="gcdro", paper_value="qualitative (no number)",
                              detail=f"gcdro noisy mass={gm:.4g}, uniform share={frac:g}"))
+    # the noisy-mass check alone cannot separate GCDRO from "no reweighting" (uniform q passes it); the flow
+    # must also have moved mass onto the clean high-loss region (notes §2.3: "98 % bump")
+    gb, eb = s["gcdro"]["c1_bump_mass_ratio"]["mean"], s["erm"]["c1_bump_mass_ratio"]["mean"]
+    gtv = s["gcdro"]["c1_tv_from_uniform"]["mean"]
+    checks.append(ClaimCheck(name="C1: GCDRO moves mass onto the clean high-loss region (>= 1.5x its uniform share)",
+                             metric="c1_bump_mass_ratio", measured=gb, threshold=1.5, direction=">=",
+                             method_arm="gcdro", paper_value="qualitative (notes: 98% on the bump)",
+                             detail=(f"bump = clean points with ERM loss >= 0.9-quantile of clean losses; "
+                                     f"gcdro mass(bump)/uniform share={gb:.4g} (erm={eb:.4g}); "
+                                     f"gcdro TV distance from uniform={gtv:.4g}")))
     bm = {a: s[a]["c1_noisy_mass"]["mean"] for a in BASELINES}
     checks.append(ClaimCheck(name="C1: KL/chi2/CVaR put most worst-case mass on noisy points",
                              metric="c1_noisy_mass", measured=min(bm.values()), threshold=0.5, direction=">=",
@@ -212,8 +255,10 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     artifacts = [_plot_weights(cfg, c1_example, out_dir / "worst_case_weights.png"),
                  _plot_env_rmse(cfg, env_rmse, s, out_dir / "rmse_per_environment.png"),
                  _plot_sensitivity(grids, out_dir / "sensitivity.png")]
+    grid_edges = {d: _grid_edges(cfg, {arm: [m[arm][f"{d}_param"] for m in per_seed_metrics]
+                                       for arm in ("kl", "chi2", "cvar", "gcdro")}) for d in ("d1", "d2")}
     extra = {"d1_env_rmse": {a: v for a, v in env_rmse.items()}, "r_test": list(cfg.r_test),
-             "grids": {str(k): v for k, v in grids.items()}}
+             "grids": {str(k): v for k, v in grids.items()}, "selected_at_grid_edge": grid_edges}
     return rec.finish(checks, artifacts=artifacts, extra=extra)
 
 
