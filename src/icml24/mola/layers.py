@@ -62,7 +62,7 @@ class _MoLALayer(nn.Module):
             raise ValueError(f"mola: gates must have shape (batch, num_experts={self.num_experts}), got {shape}")
         if g.shape[0] != x.shape[0]:
             raise ValueError(f"mola: gates batch size ({g.shape[0]}) != input batch size ({x.shape[0]})")
-        return g.to(dtype=x.dtype)
+        return g.to(device=x.device, dtype=x.dtype)
 
 
 class MoLALinear(_MoLALayer):

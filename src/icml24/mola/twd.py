@@ -48,6 +48,7 @@ def twd_loss(gates: torch.Tensor, task_ids: torch.Tensor, *, tau: float = 1.0,
         raise ValueError(f"mola: tau must be a finite number > 0, got {tau}")
     if reduction not in ("pairs", "anchors"):
         raise ValueError(f"mola: reduction must be 'pairs' or 'anchors', got {reduction!r}")
+    task_ids = task_ids.to(gates.device)
     b = gates.shape[0]
     u = F.normalize(gates.float(), dim=1)
     s = u @ u.t() / tau
