@@ -10,6 +10,7 @@ import torch
 from scipy import stats
 
 from icml24.exp_sgdm import ExpSGDM, NonsmoothObjective, scaling_identity_gap, stationarity_upper_bound
+from icml24.exp_sgdm.synthetic import IdentityEstimate
 
 DT = torch.float64
 
@@ -47,6 +48,45 @@ def test_stationarity_bound_is_at_most_gradient_norm_and_smoothing_helps_at_a_ki
     assert bound < 0.2 * grad_norm and sigma > 0
     far, far_sigma = stationarity_upper_bound(f, kink + 5.0, c=1.0, generator=g, sigmas=(0.0, 0.01, 0.1))
     assert far == pytest.approx(grad_norm, rel=1e-9) and far_sigma == 0.0
+
+
+@pytest.mark.parametrize("mean, expected", [(0.3, math.inf), (-0.3, -math.inf), (0.0, 0.0)])
+def test_identity_estimate_z_with_zero_se_keeps_the_sign(mean, expected):
+    est = IdentityEstimate(mean=mean, se=0.0, lhs=0.0, rhs=0.0, num_samples=2)
+    assert est.z == expected and not math.isnan(est.z)
+    assert IdentityEstimate(mean=-0.3, se=0.1, lhs=0.0, rhs=0.0, num_samples=2).z == pytest.approx(-3.0)
+
+
+def test_identity_gap_with_degenerate_scaling_has_signed_z():
+    f = NonsmoothObjective(dim=1, num_rows=1, alpha=0.0, seed=0)  # F(x) = |a x - b|, linear away from the kink
+    x = (f.b / f.A[:, 0]).reshape(1) + 5.0
+    d = torch.ones(1, dtype=f.A.dtype)
+    est = scaling_identity_gap(f, x, d, num_samples=8, generator=torch.Generator().manual_seed(0), scaling="one")
+    assert est.se == 0.0  # s = 1 on every draw: no spread
+    assert est.z == (0.0 if est.mean == 0 else math.copysign(math.inf, est.mean))
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"c": float("nan")}, "c must be finite"),
+    ({"c": float("inf")}, "c must be finite"),
+    ({"c": 0.0}, "c must be finite and > 0"),
+    ({"sigmas": (0.0, float("nan"))}, "sigmas"),
+    ({"sigmas": (float("inf"),)}, "sigmas"),
+    ({"sigmas": (-0.1,)}, "sigmas"),
+])
+def test_stationarity_bound_rejects_non_finite_inputs(kw, match):
+    f = NonsmoothObjective(dim=3, num_rows=4, seed=0)
+    with pytest.raises(ValueError, match=match):
+        stationarity_upper_bound(f, torch.zeros(3), generator=torch.Generator().manual_seed(0), **kw)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_stationarity_bound_rejects_non_finite_x(bad):
+    f = NonsmoothObjective(dim=3, num_rows=4, seed=0)
+    x = torch.zeros(3)
+    x[1] = bad
+    with pytest.raises(ValueError, match="x must be finite"):
+        stationarity_upper_bound(f, x, generator=torch.Generator().manual_seed(0))
 
 
 def test_closed_form_gradient_matches_autograd():
@@ -226,9 +266,10 @@ def test_same_seed_same_numbers_and_state_dict_restores_the_stream():
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 
-def test_default_generator_follows_torch_manual_seed():
-    def scales():
-        torch.manual_seed(11)
+@pytest.mark.parametrize("seed", [11, 12])
+def test_default_generator_follows_torch_manual_seed(seed):
+    def scales(sd):
+        torch.manual_seed(sd)
         w = torch.nn.Parameter(torch.ones(2))
         opt = ExpSGDM([w], lr=0.1)
         out = []
@@ -237,7 +278,8 @@ def test_default_generator_follows_torch_manual_seed():
             opt.step()
             out.append(opt.last_scale)
         return out
-    assert scales() == scales()
+    assert scales(seed) == scales(seed)
+    assert scales(seed) != scales(seed + 1)  # the draws do come from the seeded default generator
 
 
 # ---------------------------------------------------------------- the averaged iterate x̄

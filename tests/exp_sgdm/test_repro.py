@@ -64,6 +64,21 @@ def test_same_seed_same_numbers():
     ({"epochs": 0}, "epochs must be >= 1"),
     ({"margin_points": -1.0}, "margin_points"),
     ({"val_fraction": 1.0}, "val_fraction"),
+    ({"lr_grid": (0.5, float("nan"))}, "lr_grid"),
+    ({"lr_grid": (0.5, float("inf"))}, "lr_grid"),
+    ({"synth_lr": float("nan")}, "synth_lr must be finite"),
+    ({"synth_lr": float("inf")}, "synth_lr must be finite"),
+    ({"synth_noise": float("nan")}, "synth_noise must be finite"),
+    ({"synth_noise": float("inf")}, "synth_noise must be finite"),
+    ({"synth_c": float("nan")}, "synth_c must be finite"),
+    ({"synth_c": float("inf")}, "synth_c must be finite"),
+    ({"synth_alpha": float("nan")}, "synth_alpha must be finite"),
+    ({"synth_alpha": float("inf")}, "synth_alpha must be finite"),
+    ({"synth_exponent": float("inf")}, "synth_exponent must be finite"),
+    ({"weight_decay": float("nan")}, "weight_decay must be finite"),
+    ({"weight_decay": float("inf")}, "weight_decay must be finite"),
+    ({"margin_points": float("nan")}, "margin_points must be finite"),
+    ({"margin_points": float("inf")}, "margin_points must be finite"),
 ])
 def test_bad_config_raises(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -80,6 +80,10 @@ class Config(ExperimentConfig):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        for name in ("momentum", "weight_decay", "test_size", "val_fraction", "margin_points", "synth_lr",
+                     "synth_momentum", "synth_exponent", "synth_alpha", "synth_noise", "synth_c"):
+            if not math.isfinite(getattr(self, name)):  # NaN passes every `<` / `>` check below
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if not self.lr_grid or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lr_grid):

@@ -80,8 +80,13 @@ class IdentityEstimate:
 
     @property
     def z(self) -> float:
-        """mean / se: how many standard errors the paired estimate is from zero."""
-        return self.mean / self.se if self.se > 0 else math.inf * (1 if self.mean else 0)
+        """mean / se: how many standard errors the paired estimate is from zero.
+
+        With ``se == 0`` (all paired draws equal): ``±inf`` with the sign of ``mean``, or ``0.0`` if ``mean == 0``.
+        """
+        if self.se > 0:
+            return self.mean / self.se
+        return math.copysign(math.inf, self.mean) if self.mean else 0.0
 
 
 def scaling_identity_gap(f: NonsmoothObjective, x: torch.Tensor, delta: torch.Tensor, *, num_samples: int,
@@ -138,15 +143,20 @@ def stationarity_upper_bound(f: NonsmoothObjective, x: torch.Tensor, *, c: float
 
     Returns:
         ``(bound, best_sigma)``.
+
+    Raises:
+        ValueError: ``c`` not finite and > 0, a σ not finite and >= 0, ``num_samples < 1``, non-finite ``x``.
     """
-    if c <= 0:
-        raise ValueError(f"exp_sgdm: c must be > 0, got {c}")
-    if not sigmas or any(s < 0 for s in sigmas):
-        raise ValueError(f"exp_sgdm: sigmas must be non-empty and >= 0, got {tuple(sigmas)}")
+    if not (math.isfinite(c) and c > 0):
+        raise ValueError(f"exp_sgdm: c must be finite and > 0, got {c}")
+    if not sigmas or any(not (math.isfinite(s) and s >= 0) for s in sigmas):
+        raise ValueError(f"exp_sgdm: sigmas must be non-empty, finite and >= 0, got {tuple(sigmas)}")
     if num_samples < 1:
         raise ValueError(f"exp_sgdm: num_samples must be >= 1, got {num_samples}")
     dt, dev = f.A.dtype, f.A.device
     x = x.detach().to(dev, dt).reshape(f.dim)
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("exp_sgdm: x must be finite (NaN/inf would make every bound NaN)")
     z = torch.randn(num_samples, f.dim, dtype=dt, device=generator.device, generator=generator).to(dev)
     z = torch.cat([z, -z])
     best, best_sigma = math.inf, 0.0
