@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from functools import partial
 
 import pytest
@@ -20,6 +21,7 @@ from icml24.spikezip_tf import (
     SpikingSoftmax,
     STBIFNeuron,
     TinyTextEncoder,
+    additive_mask,
     calibrate,
     convert,
     count_macs,
@@ -92,6 +94,37 @@ def test_quantizer_lsq_init_and_straight_through_gradient():
     inside = (x.detach() / s + 0.5 >= 0) & (x.detach() / s + 0.5 < 16)
     torch.testing.assert_close(x.grad, inside.float())  # STE: 1 inside the clamp range, 0 outside
     assert q.s.grad is not None and q.s.grad.abs() > 0
+
+
+def test_quantizer_lsq_gradient_scale_and_exact_step():
+    """QAT gets LSQ's gradient g * dL/ds; the effective step equals ``q.s`` bit for bit (the SNN threshold uses
+    ``q.s``), in eval/no_grad and with grad, whatever the batch size (g depends on numel)."""
+    torch.manual_seed(0)
+    q = Quantizer(level=16, sym=True)
+    x = torch.randn(32, 8)
+    # a step like 0.1 + eps is one where (s - s*g) + s*g != s in float32 for some g
+    scales = torch.rand(2000, generator=torch.Generator().manual_seed(1)) * 3 + 1e-3
+    for sv in scales.tolist():
+        q.set_scale(sv)
+        s = q.s.detach().clone()
+        ref = torch.clamp(torch.floor(x / s + 0.5), -8, 7) * s  # independent formula with exactly q.s
+        q.eval()
+        with torch.no_grad():
+            assert torch.equal(q(x), ref)
+            assert torch.equal(q(x[:3]), ref[:3])  # another batch size: same step
+        assert torch.equal(q(x), ref)  # grad enabled: same value
+    # the LSQ gradient of s: (d/ds of the output) * g, g = 1 / sqrt(p_max * numel)
+    q.set_scale(0.25)
+    q.train()
+    xd = torch.randn(16, 4, dtype=F64)
+    q64 = q.double()
+    q64(xd).sum().backward()
+    s = 0.25
+    lvl = xd / s + 0.5
+    inside = (lvl >= -8) & (lvl < 8)
+    dyds = torch.where(inside, torch.floor(lvl) - xd / s, torch.clamp(torch.floor(lvl), -8, 7))
+    g = 1.0 / math.sqrt(7 * xd.numel())
+    torch.testing.assert_close(q64.s.grad, dyds.sum() * g, atol=1e-12, rtol=1e-9)
 
 
 # ------------------------------------------------------------------------------------------ 2. ST-BIF
@@ -272,6 +305,10 @@ def test_reset_gives_identical_reruns_and_batch_size_change():
     r4 = simulate(snn, x, max_steps=r1.num_steps + 5, until_quiescent=False)
     assert r4.num_steps == r1.num_steps + 5 and torch.equal(r4.outputs[r1.num_steps:], torch.zeros_like(
         r4.outputs[r1.num_steps:]))
+    # quiescent_step is the FIRST silent step whether or not the simulation stops there
+    assert r1.quiescent_step is not None and r4.quiescent_step == r1.quiescent_step
+    assert r1.quiescent_step == r1.num_steps - 1 and (r4.spikes_per_step[r1.quiescent_step:] == 0).all()
+    assert (r4.spikes_per_step[: r1.quiescent_step] > 0).all()
 
 
 def test_qann_is_not_modified_and_structure():
@@ -320,6 +357,61 @@ def test_error_levels_below_two():
         quantize(tiny_vit(0), level=1)
     with pytest.raises(ValueError, match="must be >= 2"):
         Quantizer(level=0, sym=True)
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_error_signed_quantizer_needs_four_levels(level):
+    # L = 2, 3 with sym=True would give the range [-1, 0]: every positive activation quantised to 0
+    with pytest.raises(ValueError, match=rf"a signed quantizer needs level >= 4 \(got {level}\)"):
+        Quantizer(level=level, sym=True)
+    with pytest.raises(ValueError, match=rf"needs level >= 4 \(got {level}\)"):
+        quantize(tiny_vit(0), level=level)
+    with pytest.raises(ValueError, match=rf"needs attn_level >= 4 \(got {level}\)"):
+        quantize(tiny_vit(0), level=16, attn_level=level)
+    u = Quantizer(level=level, sym=False)  # unsigned: [0, L - 1] is a valid range
+    assert (u.neg_min, u.pos_max) == (0, level - 1)
+    assert Quantizer(level=4, sym=True).pos_max == 1
+
+
+def test_mask_float_01_is_a_keep_mask_even_when_b_equals_n():
+    torch.manual_seed(0)
+    te = TinyTextEncoder(vocab_size=12, max_len=6, num_classes=3, embed_dim=16, depth=2, num_heads=2).double()
+    te.eval()
+    ids = torch.randint(0, 12, (6, 6), generator=torch.Generator().manual_seed(0))  # B == N == 6
+    keep = torch.arange(6)[None] < torch.tensor([[2], [3], [4], [5], [6], [6]])
+    with torch.no_grad():
+        ref = te(ids, mask=keep)
+        for m in (keep.double(), keep.float(), keep.long(), keep.int()):
+            torch.testing.assert_close(te(ids, mask=m), ref, atol=0, rtol=0)
+    torch.testing.assert_close(additive_mask(keep.double(), F64), additive_mask(keep, F64), atol=0, rtol=0)
+    # the QANN and the SNN treat the float mask the same way
+    qann = quantize(te.float(), level=8)
+    calibrate(qann, ids, mask=keep)
+    pow2_scales(qann)
+    qann = qann.double().eval()
+    with torch.no_grad():
+        qref = qann(ids, mask=keep)
+        torch.testing.assert_close(qann(ids, mask=keep.double()), qref, atol=0, rtol=0)
+    res = simulate(convert(qann), ids, mask=keep.double(), max_steps=256)
+    torch.testing.assert_close(res.logits, qref, atol=1e-9, rtol=0)
+
+
+def test_error_mask_shape():
+    torch.manual_seed(0)
+    te = TinyTextEncoder(vocab_size=12, max_len=8, num_classes=3, embed_dim=16, depth=1, num_heads=2)
+    ids = torch.randint(0, 12, (3, 8))
+    bad = [torch.ones(3, 7, dtype=torch.bool), torch.ones(8, 3), torch.ones(3, 1, 1, 8), torch.ones(3, 8, 8)]
+    qann = quantize(te, level=8)
+    calibrate(qann, ids)
+    snn = convert(qann)
+    for m in bad:
+        msg = rf"spikezip_tf: mask must have shape \(3, 8\), got {re.escape(str(tuple(m.shape)))}"
+        with pytest.raises(ValueError, match=msg):
+            te(ids, mask=m)  # MaskedAttention
+        with pytest.raises(ValueError, match=msg):
+            qann(ids, mask=m)  # QAttention
+        with pytest.raises(ValueError, match=msg):
+            simulate(snn, ids, mask=m, max_steps=8)  # SpikingAttention
     with pytest.raises(TypeError, match="level must be an int"):
         quantize(tiny_vit(0), level=16.0)
 

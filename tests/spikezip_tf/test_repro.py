@@ -24,6 +24,9 @@ def test_quick_snn_equals_qann_on_trained_models(quick):
         assert m["vit_snn"]["acc"] == m["vit_qann"]["acc"]
         assert m["text_snn"]["max_abs_diff"] < 1e-9
         assert m["vit_snn"]["quiescent_step"] is not None and m["vit_snn"]["quiescent_step"] < 255
+        # the plateau, measured past quiescence without stopping: exactly the QANN's accuracy, from T <= q + 1
+        assert m["vit_snn"]["plateau_gap"] == 0.0
+        assert 1 <= m["vit_snn"]["plateau_step"] <= m["vit_snn"]["quiescent_step"] + 1
         # the accuracy of a trained QANN is far above chance (10 classes)
         assert m["vit_qann"]["acc"] > 50.0
 
@@ -49,8 +52,8 @@ def test_quick_artefacts_and_claims(quick):
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="level must be >= 2"):
-        Config(level=1)
+    with pytest.raises(ValueError, match="level must be >= 4"):
+        Config(level=3)
     with pytest.raises(ValueError, match="max_steps must be >= 1"):
         Config(max_steps=0)
     with pytest.raises(ValueError, match="divisible"):

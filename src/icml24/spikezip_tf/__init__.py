@@ -11,6 +11,7 @@ from icml24.spikezip_tf.qann import (
     additive_mask,
     calibrate,
     check_activations,
+    check_mask,
     quantize,
     quantizers,
 )
@@ -32,7 +33,7 @@ from icml24.spikezip_tf.snn import (
 from icml24.spikezip_tf.text import MaskedAttention, TextBlock, TinyTextEncoder
 
 __all__ = [
-    "NONLINEAR_ACTIVATIONS", "QAttention", "Quantizer", "additive_mask", "calibrate", "check_activations",
+    "NONLINEAR_ACTIVATIONS", "QAttention", "Quantizer", "additive_mask", "calibrate", "check_activations", "check_mask",
     "quantize", "quantizers",
     "SimulationResult", "SpikeConv2d", "SpikeLinear", "SpikeMatmul", "SpikingAttention", "SpikingLayerNorm",
     "SpikingModel", "SpikingSoftmax", "STBIFNeuron", "convert", "count_macs", "register_runner", "simulate",

@@ -50,6 +50,8 @@ class Config(ExperimentConfig):
     test_size: float = field(default=0.2, metadata=_h("held-out fraction of digits (notes §5: 80/20)"))
     n_test: int = field(default=0, metadata=_h("evaluate on the first n test samples (0 = all)"))
     max_steps: int = field(default=512, metadata=_h("T_max, simulation cap (notes §5: 512; official default 2000)"))
+    plateau_window: int = field(default=16, metadata=_h(
+        "K, extra steps simulated past the batch quiescence step to measure the accuracy plateau"))
     text_task: bool = field(default=True, metadata=_h("also run the BERT-style encoder on a synthetic masked task"))
     text_train: int = field(default=2000, metadata=_h("synthetic text training sequences"))
     text_test: int = field(default=500, metadata=_h("synthetic text test sequences"))
@@ -61,11 +63,11 @@ class Config(ExperimentConfig):
         for k in ("embed_dim", "depth", "num_heads", "batch_size", "max_steps", "text_len"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
-        for k in ("ann_epochs", "qat_epochs", "n_test", "text_epochs"):
+        for k in ("ann_epochs", "qat_epochs", "n_test", "text_epochs", "plateau_window"):
             if getattr(self, k) < 0:
                 raise ValueError(f"{k} must be >= 0, got {getattr(self, k)}")
-        if self.level < 2:
-            raise ValueError(f"level must be >= 2, got {self.level}")
+        if self.level < 4:
+            raise ValueError(f"level must be >= 4 (signed quantizers), got {self.level}")
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})")
         if self.lr <= 0 or self.qat_lr <= 0:
@@ -138,6 +140,22 @@ def _acc_curve(res, y: torch.Tensor) -> list[float]:
     return (res.cumulative().argmax(-1) == y[None]).double().mean(1).mul(100).tolist()
 
 
+def _plateau(snn, x: torch.Tensor, y: torch.Tensor, quiet: int | None, qann_acc: float,
+             k: int) -> dict[str, float]:
+    """Accuracy plateau of a run that does NOT stop at quiescence (steps 0 .. quiet + k).
+
+    ``plateau_gap`` = max over T in [quiet + 1, quiet + 1 + k] (T = steps summed, 1-based) of |acc(T) - acc_QANN|;
+    ``plateau_step`` = smallest T from which acc(T') == acc_QANN for every later T' of that run (inf if never).
+    """
+    if quiet is None:
+        return {"plateau_gap": float("inf"), "plateau_step": float("inf")}
+    ext = simulate(snn, x, max_steps=quiet + 1 + k, until_quiescent=False)
+    acc = _acc_curve(ext, y)
+    off = [i for i, a in enumerate(acc) if a != qann_acc]
+    step = 1.0 if not off else (float(off[-1] + 2) if off[-1] + 1 < len(acc) else float("inf"))
+    return {"plateau_gap": max(abs(a - qann_acc) for a in acc[quiet:]), "plateau_step": step}
+
+
 def _pad(curves: list[list[float]]) -> np.ndarray:
     t = max(len(c) for c in curves)
     return np.array([c + [c[-1]] * (t - len(c)) for c in curves])
@@ -172,9 +190,11 @@ def _vit_seed(cfg: Config, seed: int) -> tuple[dict, dict]:
     qann_acc = 100.0 * (ref64.argmax(-1) == yte).double().mean().item()
     metrics: dict[str, dict[str, float]] = {"vit_ann": {"acc": ann_acc}, "vit_qann": {"acc": qann_acc}}
     curves: dict[str, list[float]] = {}
-    res = simulate(convert(qann, dtype=torch.float64), xte, max_steps=cfg.max_steps)
+    snn64 = convert(qann, dtype=torch.float64)
+    res = simulate(snn64, xte, max_steps=cfg.max_steps)
     metrics["vit_snn"] = _compare(res, ref64, yte)
     curves["vit_snn"] = _acc_curve(res, yte)
+    metrics["vit_snn"].update(_plateau(snn64, xte, yte, res.quiescent_step, qann_acc, cfg.plateau_window))
     n = xte.shape[0]
     macs = sum(count_macs(q64, xte[:1].double()).values())
     metrics["vit_snn"].update({"spikes_per_sample": sum(res.spikes_per_layer.values()) / n,
@@ -237,7 +257,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                 for r in per]
 
     qann_acc = col("vit_qann", "acc")
-    curve_end_gap = max(abs(c[-1] - q) for c, q in zip(curves["vit_snn"], qann_acc, strict=True))
+    plateau_gap = max(col("vit_snn", "plateau_gap"))
     quiet = col("vit_snn", "quiescent_step")
     checks = [
         ClaimCheck(name="snn_logits_equal_qann_fp64", metric="max_abs_diff",
@@ -251,10 +271,12 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         compare_arms(s, name="identical_accuracy", metric="acc", baseline_arm="vit_qann", method_arm="vit_snn",
                      direction="==", margin=0.0, kind="difference",
                      paper_value="ViT-L QANN 83.86 vs SNN 83.82 (ImageNet)"),
-        ClaimCheck(name="curve_plateaus_at_qann_acc", metric="acc", measured=curve_end_gap, threshold=0.0,
+        ClaimCheck(name="curve_plateaus_at_qann_acc", metric="plateau_gap", measured=plateau_gap, threshold=0.0,
                    direction="<=", baseline_arm="vit_qann", method_arm="vit_snn",
                    paper_value="acc@64 = 83.84 ~ QANN 83.86 (repo log, ViT-L)",
-                   detail="max over seeds |acc(final step) - acc(QANN)|, accuracy in %"),
+                   detail=f"simulation NOT stopped at quiescence: max over seeds and T in [quiescence step + 1, "
+                          f"+ {cfg.plateau_window}] of |acc(T) - acc(QANN)| (points); the first T from which acc "
+                          f"stays at the QANN's is reported as vit_snn plateau_step"),
         ClaimCheck(name="quiescent_before_cap", metric="quiescent_step",
                    measured=max(quiet) if all(np.isfinite(quiet)) else float("inf"), threshold=cfg.max_steps - 1,
                    direction="<=", method_arm="vit_snn", detail="largest batch quiescence step over seeds"),

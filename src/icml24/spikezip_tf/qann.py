@@ -23,7 +23,7 @@ from torch import nn
 
 from icml24.common.nets import Attention, Mlp, PatchEmbed
 
-__all__ = ["Quantizer", "QAttention", "quantize", "calibrate", "quantizers", "additive_mask",
+__all__ = ["Quantizer", "QAttention", "quantize", "calibrate", "quantizers", "additive_mask", "check_mask",
            "check_activations", "NONLINEAR_ACTIVATIONS"]
 
 #: activation modules that a spiking network cannot reproduce (only ReLU, merged into an unsigned quantizer, can)
@@ -47,28 +47,32 @@ def check_activations(model: nn.Module, *, who: str = "spikezip_tf") -> None:
                 f"spikes (build the model with act_layer=nn.ReLU)")
 
 
-def _check_level(level: int, name: str = "level") -> None:
+def _check_level(level: int, name: str = "level", *, sym: bool = True) -> None:
     if isinstance(level, bool) or not isinstance(level, int):
         raise TypeError(f"spikezip_tf: {name} must be an int, got {type(level).__name__}")
     if level < 2:
         raise ValueError(f"spikezip_tf: {name} (quantization levels L) must be >= 2, got {level}")
+    if sym and level < 4:
+        # L = 2 or 3 gives the signed range [-1, 0]: every positive activation would be quantised to 0
+        raise ValueError(f"spikezip_tf: a signed quantizer needs {name} >= 4 (got {level})")
 
 
 def _floor_pass(x: torch.Tensor) -> torch.Tensor:
-    # floor forward, identity backward (straight-through estimator)
-    return (x.floor() - x).detach() + x
+    # floor forward (bit-exact: floor(x) + 0), identity backward (straight-through estimator)
+    return x.floor().detach() + (x - x.detach())
 
 
 def _grad_scale(s: torch.Tensor, g: float) -> torch.Tensor:
-    # value s, gradient g * dL/ds (LSQ)
-    return (s - s * g).detach() + s * g
+    # value exactly s (s + (y - y) with y = s*g adds an exact 0), gradient g * dL/ds (LSQ)
+    sg = s * g
+    return s.detach() + (sg - sg.detach())
 
 
 class Quantizer(nn.Module):
     """LSQ-style uniform quantizer ``Q(x) = s * clamp(floor(x/s + 1/2), n_min, p_max)`` (one scalar ``s``).
 
     Args:
-        level: number of levels ``L`` (>= 2).
+        level: number of levels ``L`` (>= 2 unsigned, >= 4 signed).
         sym: signed range ``[-(L//2), L//2 - 1]`` if True, else unsigned ``[0, L - 1]`` (absorbs a ReLU).
         s_init: initial step ``s``; replaced by ``2 * mean|x| / sqrt(p_max)`` on the first training (or
             :func:`calibrate`) batch unless ``initialized`` is already set.
@@ -78,7 +82,7 @@ class Quantizer(nn.Module):
 
     def __init__(self, *, level: int, sym: bool, s_init: float = 1.0) -> None:
         super().__init__()
-        _check_level(level)
+        _check_level(level, sym=sym)
         if not s_init > 0:
             raise ValueError(f"spikezip_tf: s_init must be > 0, got {s_init}")
         self.level = int(level)
@@ -107,25 +111,35 @@ class Quantizer(nn.Module):
                 s0 = 2.0 * x.detach().abs().mean() / math.sqrt(p)
                 self.s.copy_(s0.clamp_min(1e-8))
                 self.initialized.fill_(True)
-        s = _grad_scale(self.s, 1.0 / math.sqrt(p * max(x.numel(), 1)))
+        # the effective step equals self.s bit for bit (the ST-BIF threshold of the converted SNN)
+        s = _grad_scale(self.s, 1.0 / math.sqrt(p * max(x.numel(), 1))) if torch.is_grad_enabled() else self.s
         return torch.clamp(_floor_pass(x / s + 0.5), self.neg_min, self.pos_max) * s
 
 
-def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Key-padding mask ``(B, N)`` (True/1 = attend) -> additive ``(B, 1, 1, N)`` (0 or the dtype's min).
+def check_mask(mask: torch.Tensor | None, b: int, n: int) -> None:
+    """Raise ``ValueError`` unless ``mask`` is None or a key mask of shape ``(B, N) = (b, n)``."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"spikezip_tf: mask must be a tensor, got {type(mask).__name__}")
+    if tuple(mask.shape) != (b, n):
+        raise ValueError(f"spikezip_tf: mask must have shape ({b}, {n}), got {tuple(mask.shape)}")
 
-    A float mask of any other shape is taken as already additive and returned cast to ``dtype``.
+
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Key keep-mask ``(B, N)`` -> additive ``(B, 1, 1, N)`` (0 where kept, the dtype's min elsewhere).
+
+    Any dtype is a keep-mask: bool as is, other dtypes (int or float 0/1) as ``mask != 0`` (True/nonzero =
+    attend). Only 2-D masks are accepted.
     """
     if mask is None:
         return None
-    if mask.dtype == torch.bool or (mask.dim() == 2 and not mask.is_floating_point()):
-        keep = mask.bool()
-        if keep.dim() != 2:
-            raise ValueError(f"spikezip_tf: a boolean mask must have shape (B, N), got {tuple(mask.shape)}")
-        add = torch.zeros(keep.shape, dtype=dtype, device=mask.device)
-        add = add.masked_fill(~keep, torch.finfo(dtype).min)
-        return add[:, None, None, :]
-    return mask.to(dtype)
+    if mask.dim() != 2:
+        raise ValueError(f"spikezip_tf: mask must be a 2-D key mask (B, N), got shape {tuple(mask.shape)}")
+    keep = mask if mask.dtype == torch.bool else mask != 0
+    add = torch.zeros(keep.shape, dtype=dtype, device=mask.device)
+    add = add.masked_fill(~keep, torch.finfo(dtype).min)
+    return add[:, None, None, :]
 
 
 class QAttention(nn.Module):
@@ -154,6 +168,7 @@ class QAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, n, c = x.shape
+        check_mask(mask, b, n)
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = self.quan_q(q), self.quan_k(k), self.quan_v(v)
         scores = (q * self.scale) @ k.transpose(-2, -1)  # scale applied to the quantized q, as in the official code
@@ -180,12 +195,12 @@ def quantize(model: nn.Module, *, level: int, attn_level: int | None = None) -> 
 
     Args:
         model: a ``TinyViT`` / ``TinyTextEncoder`` (or any module built from ``common.nets`` blocks) with ReLU.
-        level: quantization levels ``L`` (>= 2) of every quantizer (paper: 16 for ViT-S, 32 for ViT-B/L).
+        level: quantization levels ``L`` (>= 4: signed quantizers need it) of every quantizer (paper: 16 for ViT-S, 32 for ViT-B/L).
         attn_level: levels of the quantizers inside attention (default ``level``).
 
     Raises:
         TypeError: a non-ReLU activation module (its path is named), or a non-module ``model``.
-        ValueError: ``level < 2`` or a model that already holds quantizers.
+        ValueError: ``level < 4`` / ``attn_level < 4`` or a model that already holds quantizers.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"spikezip_tf: model must be an nn.Module, got {type(model).__name__}")

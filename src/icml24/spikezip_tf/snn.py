@@ -26,7 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from icml24.common.nets import TinyViT
-from icml24.spikezip_tf.qann import QAttention, Quantizer, additive_mask, check_activations, quantizers
+from icml24.spikezip_tf.qann import (
+    QAttention,
+    Quantizer,
+    additive_mask,
+    check_activations,
+    check_mask,
+    quantizers,
+)
 from icml24.spikezip_tf.text import TinyTextEncoder
 
 __all__ = ["STBIFNeuron", "SpikeLinear", "SpikeConv2d", "SpikeMatmul", "SpikingSoftmax", "SpikingLayerNorm",
@@ -232,6 +239,7 @@ class SpikingAttention(_Stateful):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, n, c = x.shape
+        check_mask(mask, b, n)
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = self.quan_q(q), self.quan_k(k), self.quan_v(v)
         s = self.qk(q * self.scale, k.transpose(-2, -1))
@@ -504,7 +512,8 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
         spikes_step.append(total)
         sops_step.append(step_sops)
         if total == 0:
-            quiet = t
+            if quiet is None:
+                quiet = t  # the FIRST silent step (later steps stay silent)
             if until_quiescent:
                 break
     per = torch.stack(sample_steps)  # (T, B)

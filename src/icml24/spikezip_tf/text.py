@@ -15,16 +15,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from icml24.common.nets import Attention, Block, Mlp
-from icml24.spikezip_tf.qann import additive_mask
+from icml24.spikezip_tf.qann import additive_mask, check_mask
 
 __all__ = ["MaskedAttention", "TextBlock", "TinyTextEncoder"]
 
 
 class MaskedAttention(Attention):
-    """``common.nets.Attention`` with an optional key-padding mask ``(B, N)`` (True = attend)."""
+    """``common.nets.Attention`` with an optional key-padding mask ``(B, N)`` (bool, or nonzero = attend)."""
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, n, c = x.shape
+        check_mask(mask, b, n)
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         scores = (q * self.scale) @ k.transpose(-2, -1)
         m = additive_mask(mask, scores.dtype)
