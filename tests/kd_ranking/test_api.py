@@ -266,6 +266,28 @@ def test_losses_bad_inputs():
         RankingKDLoss()(s, torch.full((4, 5), float("nan")))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_kl_loss_rejects_non_finite_teacher_logits_like_ranking(bad):
+    s = torch.randn(4, 5)
+    t = torch.randn(4, 5)
+    t[2, 3] = bad
+    for loss in (KLDistillLoss(), RankingKDLoss()):
+        with pytest.raises(ValueError, match="teacher_logits contain NaN or inf"):
+            loss(s, t)
+
+
+def test_kl_loss_moves_teacher_to_student_device_and_dtype():
+    s = torch.randn(4, 5, dtype=torch.float64)
+    t = torch.randn(4, 5)  # float32
+    got = KLDistillLoss(tau=2.0)(s, t)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, KLDistillLoss(tau=2.0)(s, t.double()))
+    if torch.cuda.is_available():
+        got_dev = KLDistillLoss(tau=2.0)(s.cuda(), t)  # teacher on the CPU, student on the GPU
+        assert got_dev.device == s.cuda().device
+        torch.testing.assert_close(got_dev.cpu(), got)
+
+
 # ------------------------------------------------------------------------------------------ distill
 
 
@@ -317,6 +339,42 @@ def test_distill_with_precomputed_logits_equals_online_teacher():
             distill(student, None, _batches(x, y, t), KLDistillLoss(), epochs=2)
         out.append(student.weight.detach().clone())
     torch.testing.assert_close(out[0], out[1])
+
+
+@pytest.mark.parametrize("mode", [True, False])
+def test_distill_restores_the_callers_mode(mode):
+    x, y, _ = _toy()
+    student = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 4))
+    student.train(mode)
+    seen = []
+    student.register_forward_pre_hook(lambda m, a: seen.append(m.training))
+    distill(student, None, _batches(x, y), None, epochs=1)
+    assert seen and all(seen)  # trained in train() mode
+    assert student.training is mode and all(m.training is mode for m in student.modules())
+    student.train(mode)
+    with pytest.raises(ValueError, match="labels"):  # restored also when it fails
+        distill(student, None, _batches(x, y + 10), None)
+    assert student.training is mode
+
+
+def test_distill_label_and_kd_weight_checks():
+    x, y, _ = _toy()
+    student = torch.nn.Linear(6, 4)
+    with pytest.raises(ValueError, match=r"labels y must be in \[0, 4\)"):
+        distill(student, None, _batches(x, torch.where(y == 0, 4, y)), None)
+    with pytest.raises(ValueError, match="labels"):
+        distill(student, None, _batches(x, y - 1), None)
+    with pytest.raises(TypeError, match="labels"):
+        distill(student, None, _batches(x, y.float()), None)
+    for bad in ("0.5", None, True, [0.5]):
+        with pytest.raises(TypeError, match="kd_weight"):
+            distill(student, None, _batches(x, y, x[:, :4]), KLDistillLoss(), kd_weight=bad)
+    with pytest.raises(ValueError, match="kd_weight"):
+        distill(student, None, _batches(x, y, x[:, :4]), KLDistillLoss(), kd_weight=float("nan"))
+    before = student.weight.detach().clone()
+    with pytest.raises(ValueError, match="labels"):  # checked before any optimizer step
+        distill(student, None, _batches(x, y + 4), None)
+    torch.testing.assert_close(student.weight, before, rtol=0, atol=0)
 
 
 def test_distill_bad_inputs():

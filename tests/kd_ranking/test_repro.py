@@ -80,8 +80,10 @@ def test_student_same_seed_same_numbers():
         a = train_student(cfg, 3, data, t, loss, "cpu")
         b = train_student(cfg, 3, data, t, loss, "cpu")
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    c = train_student(cfg, 4, data, t, None, "cpu")
-    assert not torch.equal(a, c)
+    for loss in (None, RankingKDLoss()):  # the same loss, seeds 3 vs 4: only the seed differs
+        a = train_student(cfg, 3, data, t, loss, "cpu")
+        c = train_student(cfg, 4, data, t, loss, "cpu")
+        assert not torch.equal(a, c)
 
 
 @pytest.mark.parametrize("changes, match", [
@@ -95,7 +97,22 @@ def test_student_same_seed_same_numbers():
     ({"kd_weight": 0.0}, "kd_weight"),
     ({"n_bins": 0}, "n_bins"),
     ({"rank_top_k": 99}, "rank_top_k"),
+    ({"kappas": (float("nan"),)}, "kappas"),
+    ({"kappas": (float("inf"),)}, "kappas"),
+    ({"kappas": (0.5, float("-inf"))}, "kappas"),
+    ({"sub_scale": float("nan")}, "sub_scale"),
+    ({"sub_scale": float("inf")}, "sub_scale"),
+    ({"noise": float("nan")}, "noise"),
+    ({"kl_tau": float("inf")}, "kl_tau"),
+    ({"student_lr": float("nan")}, "student_lr"),
+    ({"n_super": 1, "n_sub": 2, "rank_top_k": 0}, "n_super"),
+    ({"n_super": 2, "n_sub": 1, "rank_top_k": 0}, "n_super"),
 ])
 def test_config_validation(changes, match):
     with pytest.raises(ValueError, match=match):
         Config.quick().replace(**changes)
+
+
+def test_config_three_classes_is_the_minimum():
+    cfg = Config.quick().replace(n_super=1, n_sub=3)
+    assert cfg.n_super * cfg.n_sub == 3

@@ -60,7 +60,7 @@ class KLDistillLoss(nn.Module):
         scale_by_tau2: multiply by ``tau^2`` so gradient magnitudes do not shrink with ``tau``.
 
     Raises:
-        ValueError: ``tau <= 0`` or ``student_tau <= 0``.
+        ValueError: ``tau <= 0`` or ``student_tau <= 0``; at call time, NaN/inf teacher logits.
     """
 
     def __init__(self, *, tau: float = 4.0, student_tau: float | None = None, scale_by_tau2: bool = True) -> None:
@@ -73,8 +73,10 @@ class KLDistillLoss(nn.Module):
     def forward(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
         """Loss for ``(B, C)`` student logits ``s`` and teacher logits ``t`` (the teacher is detached)."""
         _check_pair("KLDistillLoss", student_logits, teacher_logits)
+        if not torch.isfinite(teacher_logits).all():
+            raise ValueError("KLDistillLoss: teacher_logits contain NaN or inf")
         log_q = F.log_softmax(student_logits / self.student_tau, dim=1)
-        log_p = F.log_softmax(teacher_logits.detach().to(log_q.dtype) / self.tau, dim=1)
+        log_p = F.log_softmax(teacher_logits.detach().to(device=log_q.device, dtype=log_q.dtype) / self.tau, dim=1)
         kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
         return kl * (self.tau**2 if self.scale_by_tau2 else 1.0)
 
@@ -165,7 +167,7 @@ def distill(student: nn.Module, teacher: nn.Module | Callable[[torch.Tensor], to
     """Train ``student`` by ``L = (1 - lambda) * CE(y, s) + lambda * L_kd(s, t)`` (in place).
 
     Args:
-        student: the model being trained (its mode is set to ``train()`` during the loop).
+        student: the model being trained (``train()`` during the loop; its previous mode is restored after).
         teacher: a frozen model or callable giving teacher logits for a batch ``x`` (run under ``no_grad``;
             an ``nn.Module`` is put in ``eval()``), or ``None`` when ``loader`` yields ``(x, y, t)`` with
             precomputed teacher logits ``t``. Unused (and may be ``None``) when ``loss`` is ``None``.
@@ -180,6 +182,12 @@ def distill(student: nn.Module, teacher: nn.Module | Callable[[torch.Tensor], to
 
     Returns:
         ``{"loss": [...], "ce": [...], "kd": [...]}``, per-epoch means.
+
+    Raises:
+        TypeError: ``student`` not an ``nn.Module``, ``teacher``/``loss`` not callable, ``kd_weight`` not a
+            real number, non-integer labels.
+        ValueError: ``epochs < 1``, ``kd_weight`` outside ``[0, 1]``, ``lr <= 0``, labels outside ``[0, C)``
+            (checked on the first batch), an empty loader.
     """
     if not isinstance(student, nn.Module):
         raise TypeError(f"distill: student must be an nn.Module, got {type(student).__name__}")
@@ -189,6 +197,8 @@ def distill(student: nn.Module, teacher: nn.Module | Callable[[torch.Tensor], to
         raise TypeError(f"distill: loss must be callable or None, got {type(loss).__name__}")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"distill: epochs must be an int >= 1, got {epochs!r}")
+    if isinstance(kd_weight, bool) or not isinstance(kd_weight, (int, float)):
+        raise TypeError(f"distill: kd_weight must be a real number, got {type(kd_weight).__name__}")
     if not (0.0 <= kd_weight <= 1.0):
         raise ValueError(f"distill: kd_weight must be in [0, 1], got {kd_weight}")
     if optimizer is None:
@@ -202,7 +212,19 @@ def distill(student: nn.Module, teacher: nn.Module | Callable[[torch.Tensor], to
         teacher.eval()
     lam = float(kd_weight) if loss is not None else 0.0
     hist: dict[str, list[float]] = {"loss": [], "ce": [], "kd": []}
+    was_training = student.training
     student.train()
+    try:
+        _distill_loop(student, teacher, loader, loss, epochs=epochs, lam=lam, opt=opt, dev=dev, hist=hist)
+    finally:
+        student.train(was_training)
+    return hist
+
+
+def _distill_loop(student: nn.Module, teacher: Callable[[torch.Tensor], torch.Tensor] | None, loader: Iterable,
+                  loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, *, epochs: int, lam: float,
+                  opt: torch.optim.Optimizer, dev: torch.device, hist: dict[str, list[float]]) -> None:
+    checked = False
     for _ in range(epochs):
         tot = ce_tot = kd_tot = 0.0
         n = 0
@@ -218,6 +240,16 @@ def distill(student: nn.Module, teacher: nn.Module | Callable[[torch.Tensor], to
                 with torch.no_grad():
                     t = teacher(x)
             s = student(x)
+            if not checked:
+                if s.ndim != 2:
+                    raise ValueError(f"distill: student output must have shape (B, C), got {tuple(s.shape)}")
+                if y.dtype in (torch.bool,) or y.is_floating_point() or y.is_complex():
+                    raise TypeError(f"distill: labels y must be an integer tensor, got {y.dtype}")
+                c = s.shape[1]
+                if y.numel() and (int(y.min()) < 0 or int(y.max()) >= c):
+                    raise ValueError(f"distill: labels y must be in [0, {c}), got range "
+                                     f"[{int(y.min())}, {int(y.max())}]")
+                checked = True
             ce = F.cross_entropy(s, y)
             kd = loss(s, t) if t is not None else s.new_zeros(())
             obj = (1.0 - lam) * ce + lam * kd
@@ -233,4 +265,3 @@ def distill(student: nn.Module, teacher: nn.Module | Callable[[torch.Tensor], to
         hist["loss"].append(tot / n)
         hist["ce"].append(ce_tot / n)
         hist["kd"].append(kd_tot / n)
-    return hist
