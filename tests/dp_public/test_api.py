@@ -25,6 +25,7 @@ from icml24.dp_public import (
     noise_multiplier_for,
     optimal_public_weight,
     per_sample_grads,
+    poisson_sample,
     private_only_mean,
     privunitg,
     privunitg_mse,
@@ -473,3 +474,126 @@ def test_train_semi_dp_bad_input():
 def test_config_validation(kw):
     with pytest.raises(ValueError):
         Config(**kw)
+
+
+# ------------------------------------------------------------------------------------ review regressions
+def _tagged_data(n_pub=6, n_priv=40, d=3):
+    """Public rows carry +1 in coordinate 0, private rows −1: with loss = output the per-sample gradient of a
+    bias-free linear model is the input row itself, so each gradient row reveals where it came from."""
+    g = _gen(11)
+    x_pub = torch.cat([torch.ones(n_pub, 1), torch.rand(n_pub, d - 1, generator=g)], dim=1)
+    x_priv = torch.cat([-torch.ones(n_priv, 1), torch.rand(n_priv, d - 1, generator=g)], dim=1)
+    return x_pub, torch.zeros(n_pub), x_priv, torch.zeros(n_priv)
+
+
+@pytest.mark.parametrize("bad", [-5, 0, -1, True, 2.5, "3"])
+def test_train_semi_dp_rejects_bad_public_batch_size(bad):
+    x_pub, y_pub, x_priv, y_priv = _tagged_data()
+    with pytest.raises(ValueError, match="public_batch_size"):
+        train_semi_dp(torch.nn.Linear(3, 1, bias=False), lambda o, y: o.sum(), mode="semi_dp", x_priv=x_priv,
+                      y_priv=y_priv, x_pub=x_pub, y_pub=y_pub, epsilon=1.0, delta=1e-5, steps=2, lr=0.1,
+                      batch_size=10, public_batch_size=bad)
+
+
+@pytest.mark.parametrize("mode", ["semi_dp", "public_only"])
+@pytest.mark.parametrize("pbs", [None, 1, 4, 6, 50])
+def test_train_semi_dp_public_rows_come_only_from_public_data(monkeypatch, mode, pbs):
+    x_pub, y_pub, x_priv, y_priv = _tagged_data()
+    seen = {"pub": [], "priv": []}
+    original = SemiDPSGD.step
+
+    def spy(self, *, private_grad_samples=None, public_grad_samples=None):
+        if public_grad_samples is not None:
+            seen["pub"].append(public_grad_samples[0].reshape(-1, 3).clone())
+        if private_grad_samples is not None:
+            seen["priv"].append(private_grad_samples[0].reshape(-1, 3).clone())
+        return original(self, private_grad_samples=private_grad_samples, public_grad_samples=public_grad_samples)
+
+    monkeypatch.setattr(SemiDPSGD, "step", spy)
+    model = torch.nn.Linear(3, 1, bias=False)
+    train_semi_dp(model, lambda o, y: o.sum(), mode=mode, x_priv=x_priv, y_priv=y_priv, x_pub=x_pub,
+                  y_pub=y_pub, epsilon=1.0, delta=1e-5, steps=6, lr=0.1, batch_size=10, public_batch_size=pbs,
+                  generator=_gen(2))
+    expected = 6 if pbs is None else min(pbs, 6)
+    assert len(seen["pub"]) == 6
+    for rows in seen["pub"]:
+        assert rows.shape[0] == expected
+        assert torch.all(rows[:, 0] == 1.0)  # every public row is a public sample
+    if mode == "semi_dp":
+        assert len(seen["priv"]) == 6 and sum(r.shape[0] for r in seen["priv"]) > 0
+        for rows in seen["priv"]:
+            assert torch.all(rows[:, 0] == -1.0)  # and no public sample lands in the noised private part
+    else:
+        assert not seen["priv"]
+
+
+@pytest.mark.parametrize("tol", [0.0, -0.01, 1.0, 2.0, float("nan")])
+def test_noise_multiplier_for_rejects_bad_tolerance(tol):
+    with pytest.raises(ValueError, match="epsilon_tolerance"):
+        noise_multiplier_for(target_epsilon=1.0, target_delta=1e-5, sample_rate=0.1, steps=10,
+                             epsilon_tolerance=tol)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"weight_decay": float("nan")}, "weight_decay"), ({"weight_decay": float("inf")}, "weight_decay"),
+    ({"weight_decay": "0.1"}, "weight_decay"), ({"momentum": "0.9"}, "momentum"),
+    ({"momentum": float("nan")}, "momentum"), ({"momentum": None}, "momentum"),
+])
+def test_semidpsgd_rejects_non_finite_or_non_numeric_momentum_and_weight_decay(kw, match):
+    args = {"lr": 0.1, "beta": 0.5, "noise_multiplier": 1.0, "max_grad_norm": 1.0, "expected_batch_size": 4,
+            "sample_rate": 0.1, **kw}
+    with pytest.raises(ValueError, match=match):
+        SemiDPSGD(_model().parameters(), **args)
+
+
+@pytest.mark.parametrize("rate", [0.0, -0.5, 1.5, float("nan")])
+def test_poisson_sample_rejects_bad_rate(rate):
+    with pytest.raises(ValueError, match="sample_rate"):
+        poisson_sample(10, sample_rate=rate)
+
+
+def test_poisson_sample_keeps_valid_rates():
+    assert torch.equal(poisson_sample(7, sample_rate=1.0), torch.arange(7))
+    idx = poisson_sample(20000, sample_rate=0.25, generator=_gen(0))
+    assert abs(len(idx) / 20000 - 0.25) < 0.02
+
+
+def test_private_rows_are_projected_so_the_sensitivity_holds():
+    # rows slightly outside the ball pass the 1e-6-tolerant check; the estimators must use the projected rows
+    x = _sphere((30, 4), _gen(3)) * (1.0 + 5e-7)
+    pub = _x(n=8, seed=4)
+    xp = project_to_unit_ball(x)
+    assert not torch.equal(x, xp) and float(xp.norm(dim=-1).max()) <= 1.0
+    kw = {"epsilon": 1.0, "delta": 1e-5}
+    torch.testing.assert_close(private_only_mean(x, **kw, generator=_gen(5)),
+                               private_only_mean(xp, **kw, generator=_gen(5)), rtol=0, atol=0)
+    torch.testing.assert_close(treat_as_private_mean(x, pub, **kw, generator=_gen(5)),
+                               treat_as_private_mean(xp, pub, **kw, generator=_gen(5)), rtol=0, atol=0)
+    a, ra = weighted_mean(x, pub, **kw, generator=_gen(5))
+    b, rb = weighted_mean(xp, pub, **kw, generator=_gen(5))
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(ra, rb, rtol=0, atol=0)
+    # the noise-free part is the projected mean, not the raw one
+    sigma = gaussian_noise_std(sensitivity=2.0 / 30, **kw)
+    noise = torch.randn(4, generator=_gen(5), dtype=F64)
+    torch.testing.assert_close(private_only_mean(x, **kw, generator=_gen(5)), xp.mean(0) + sigma * noise)
+
+
+@pytest.mark.parametrize("eps", [710.0, 740.0])
+def test_privunitg_params_do_not_overflow_for_huge_epsilon(eps):
+    p = privunitg_params(epsilon=eps)
+    assert 0.0 < p.q < 1e-300 and math.isfinite(p.gamma) and math.isfinite(p.scale) and p.scale > 0
+    # the same formula is continuous with moderate ε
+    assert privunitg_params(epsilon=700.0).scale == pytest.approx(0.02715426, rel=1e-5)
+
+
+def test_privunitg_params_beyond_float_range_is_a_clear_error():
+    with pytest.raises(ValueError, match="epsilon=1000"):
+        privunitg_params(epsilon=1000.0)
+
+
+def test_lin_betas_must_mix_public_and_private():
+    for grid in [(0.5, 1.0), (0.0,), (1.0,)]:
+        with pytest.raises(ValueError, match="lin_betas"):
+            Config(lin_betas=grid)
+    assert all(0.0 < b < 1.0 for b in Config().lin_betas + Config.quick().lin_betas)

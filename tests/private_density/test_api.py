@@ -344,3 +344,60 @@ def test_type_errors_and_unfitted():
 def test_config_validation(kw, match):
     with pytest.raises(ValueError, match=match):
         Config(**kw)
+
+
+def test_neighbouring_difference_within_sensitivity_for_a_non_symmetric_index_set():
+    """C4 audit for an index set that is not closed under sign flips (the sines of the first coordinate
+    dropped): random replace-one pairs never exceed Delta_2(half, n) / Delta_1(half, n)."""
+    rng = np.random.default_rng(17)
+    n, N = 50, 3
+    k = cube_index_set(cutoff=N, dim=2)
+    half = k[k[:, 0] >= 0]
+    nz = (half != 0).any(1)
+    d2, d1 = l2_sensitivity(half, n=n), l1_sensitivity(half, n=n)
+    a, b = rng.random((20_000, 2)), rng.random((20_000, 2))
+    diff = (trig_basis(a, index_set=half) - trig_basis(b, index_set=half))[:, nz] / n
+    l2, l1 = np.linalg.norm(diff, axis=1), np.abs(diff).sum(1)
+    assert l2.max() <= d2 * (1 + 1e-12) and l1.max() <= d1 * (1 + 1e-12)
+    assert l2.max() >= 0.5 * d2  # the bound is not vacuous
+    # the symmetric-set formula 2 sqrt(|K \ {0}|) / n would be too small here: random pairs exceed it
+    assert l2.max() > 2 * math.sqrt(int(nz.sum())) / n
+    base = rng.random((n, 2))
+    t0 = empirical_coefficients(base, index_set=half)
+    for i in range(30):
+        other = base.copy()
+        other[i] = rng.random(2)
+        t1 = empirical_coefficients(other, index_set=half)
+        assert np.linalg.norm((t0 - t1)[nz]) <= d2 * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("privacy", [ZCDP(1e-320), PureDP(1e-320), ApproxDP(1e-320, 1e-5)])
+def test_noise_variance_that_is_not_finite_raises(privacy):
+    k = cube_index_set(cutoff=3, dim=1)
+    with pytest.raises(ValueError, match="not finite"):
+        noise_variance(k, n=100, privacy=privacy)
+    x = np.random.default_rng(0).random((100, 1))
+    with pytest.raises(ValueError, match="not finite"):
+        PrivateProjectionDensity(cutoff=3, privacy=privacy, random_state=0).fit(x)
+    with pytest.raises(ValueError, match="not finite"):
+        PrivateLepskiiDensity(privacy=privacy, max_cutoff=4, random_state=0).fit(x)
+
+
+@pytest.mark.parametrize("kw,match", [({"kappa_stat": "a"}, "kappa_stat"), ({"kappa_priv": "1.0"}, "kappa_priv"),
+                                      ({"kappa_stat": None}, "kappa_stat"), ({"kappa_priv": True}, "kappa_priv"),
+                                      ({"budget_weights": "abcd"}, "budget_weights"),
+                                      ({"budget_weights": ["a", 1, 1, 1]}, "budget_weights"),
+                                      ({"budget_weights": [None, 1, 1, 1]}, "budget_weights")])
+def test_non_numeric_lepskii_constants_name_the_parameter(kw, match):
+    with pytest.raises(TypeError, match=match):
+        PrivateLepskiiDensity(privacy=ZCDP(1.0), max_cutoff=6, **kw)
+
+
+def test_select_cutoff_non_numeric_constants_name_the_parameter():
+    lep = PrivateLepskiiDensity(privacy=ZCDP(1.0), max_cutoff=4, random_state=0).fit(
+        np.random.default_rng(0).random((200, 1)))
+    with pytest.raises(TypeError, match="kappa_stat"):
+        lep.select_cutoff(kappa_stat="x")
+    with pytest.raises(TypeError, match="kappa_priv"):
+        lep.select_cutoff(kappa_priv="1")
+    assert lep.select_cutoff(kappa_stat=1.0, kappa_priv=np.float64(1.0)) in lep.cutoffs

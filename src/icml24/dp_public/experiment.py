@@ -84,8 +84,10 @@ class Config(ExperimentConfig):
     lin_noise: float = field(default=0.5, metadata=_h("label noise std (official data generator)"))
     lin_n_val: int = field(default=1000, metadata=_h("validation samples for hyper-parameter selection"))
     lin_n_test: int = field(default=10000, metadata=_h("test samples (official: 10 000)"))
-    lin_betas: tuple[float, ...] = field(default=(0.2, 0.4, 0.6, 0.8, 0.9, 1.0),
-                                         metadata=_h("β grid for semi-DP (official tuned β=0.943)"))
+    lin_betas: tuple[float, ...] = field(default=(0.2, 0.4, 0.6, 0.8, 0.9),
+                                         metadata=_h("β grid for semi-DP, every β in (0, 1): semi-DP must mix "
+                                                     "public and private gradients; β = 1 is DP-GD on the "
+                                                     "private data (official tuned β=0.943)"))
     lin_lrs: tuple[float, ...] = field(default=(0.1, 0.3, 1.0),
                                        metadata=_h("η grid for DP-GD and semi-DP (official η=2.645)"))
     # ---- E4 semi-DP logistic regression on digits (notes §5 E4)
@@ -136,10 +138,11 @@ class Config(ExperimentConfig):
             raise ValueError(f"lin_ratios must be in (0, 1), got {self.lin_ratios}")
         if self.lin_n_pub <= self.lin_dim:
             raise ValueError(f"lin_n_pub ({self.lin_n_pub}) must be > lin_dim ({self.lin_dim}) for least squares")
-        for name in ("lin_betas", "dig_betas"):
-            grid = getattr(self, name)
-            if not grid or any(not 0.0 <= b <= 1.0 for b in grid):
-                raise ValueError(f"{name} must be non-empty with every β in [0, 1], got {grid}")
+        if not self.lin_betas or any(not 0.0 < b < 1.0 for b in self.lin_betas):
+            raise ValueError(f"lin_betas must be non-empty with every β in (0, 1) (β = 1 is private-only DP-GD, "
+                             f"β = 0 public-only), got {self.lin_betas}")
+        if not self.dig_betas or any(not 0.0 <= b <= 1.0 for b in self.dig_betas):
+            raise ValueError(f"dig_betas must be non-empty with every β in [0, 1], got {self.dig_betas}")
         for name in ("lin_lrs", "dig_lrs"):
             grid = getattr(self, name)
             if not grid or any(lr <= 0 for lr in grid):
@@ -151,7 +154,7 @@ class Config(ExperimentConfig):
     def quick(cls) -> Config:
         return cls(seeds=(0, 1), me_n_pub=(10, 50, 200), me_epsilons=(0.5, 2.0), me_trials=200,
                    ldp_n_pub=(10, 200), ldp_epsilons=(1.0, 4.0), ldp_trials=60, ldp_n=2000,
-                   lin_ratios=(0.01, 0.05), lin_betas=(0.6, 0.9, 1.0), lin_lrs=(0.3, 1.0), lin_n_test=4000,
+                   lin_ratios=(0.01, 0.05), lin_betas=(0.6, 0.9), lin_lrs=(0.3, 1.0), lin_n_test=4000,
                    dig_epsilons=(1.0,), dig_steps=200, dig_betas=(0.5,), dig_lrs=(1.0,))
 
 

@@ -249,7 +249,8 @@ def treat_as_private_mean(x_priv: torch.Tensor, x_pub: torch.Tensor, *, epsilon:
     _check_pair(x_priv, x_pub, where)
     _check_unit_ball(x_priv, "x_priv", where)
     _check_unit_ball(x_pub, "x_pub", where)
-    x = torch.cat([x_pub, x_priv], dim=-2)
+    # the check tolerates norms up to 1 + 1e-6; projecting makes Δ2 = 2/n exact (identity inside the ball)
+    x = torch.cat([project_to_unit_ball(x_pub), project_to_unit_ball(x_priv)], dim=-2)
     sigma = gaussian_noise_std(sensitivity=2.0 / x.shape[-2], epsilon=epsilon, delta=delta, mechanism=mechanism)
     return _noisy_mean(x, sigma, generator)
 
@@ -264,6 +265,7 @@ def private_only_mean(x_priv: torch.Tensor, *, epsilon: float, delta: float, mec
     _check_eps_delta(epsilon, delta, where)
     _check_tensor(x_priv, "x_priv", where)
     _check_unit_ball(x_priv, "x_priv", where)
+    x_priv = project_to_unit_ball(x_priv)  # makes Δ2 = 2/n_priv exact despite the check's 1e-6 tolerance
     sigma = gaussian_noise_std(sensitivity=2.0 / x_priv.shape[-2], epsilon=epsilon, delta=delta,
                                mechanism=mechanism)
     return _noisy_mean(x_priv, sigma, generator)
@@ -306,6 +308,7 @@ def weighted_mean(x_priv: torch.Tensor, x_pub: torch.Tensor, *, epsilon: float, 
     if r is not None:
         _check_weight(r, "r", where)
     _check_unit_ball(x_priv, "x_priv", where)
+    x_priv = project_to_unit_ball(x_priv)  # makes Δ2 = 2/n_priv exact despite the check's 1e-6 tolerance
     n_pub, n_priv, d = x_pub.shape[-2], x_priv.shape[-2], x_pub.shape[-1]
     sigma = gaussian_noise_std(sensitivity=2.0 / n_priv, epsilon=epsilon, delta=delta, mechanism=mechanism)
     batch = x_pub.shape[:-2]
@@ -345,11 +348,15 @@ class PrivUnitGParams:
 
 
 def _privunitg_scale(p: float, epsilon: float) -> tuple[float, float, float]:
-    q = 1.0 / (1.0 + math.exp(epsilon) * (1.0 - p) / p)
-    gamma = float(-special.ndtri(q))  # γ = Φ^{-1}(1 − q), computed in the upper tail for precision
-    phi = math.exp(-gamma * gamma / 2) / math.sqrt(2 * math.pi)
-    m = phi * (p / float(special.ndtr(-gamma)) - (1.0 - p) / float(special.ndtr(gamma)))
-    return q, gamma, 1.0 / m
+    # q = 1 / (1 + e^ε (1 − p)/p) = expit(logit(p) − ε), in log space: no overflow of e^ε for large ε
+    log_q = float(special.log_expit(math.log(p / (1.0 - p)) - epsilon))
+    q = math.exp(log_q)
+    gamma = float(-special.ndtri_exp(log_q))  # γ = Φ^{-1}(1 − q), computed in the upper tail for precision
+    log_phi = -gamma * gamma / 2 - 0.5 * math.log(2 * math.pi)
+    # φ(γ)/(1 − Φ(γ)) and φ(γ)/Φ(γ) in log space (1 − Φ(γ) = q underflows for ε > ~700)
+    m = (p * math.exp(log_phi - float(special.log_ndtr(-gamma)))
+         - (1.0 - p) * math.exp(log_phi - float(special.log_ndtr(gamma))))
+    return q, gamma, (1.0 / m if m > 0 else math.inf)
 
 
 def privunitg_params(*, epsilon: float, p_grid: tuple[float, ...] | None = None) -> PrivUnitGParams:
@@ -368,7 +375,8 @@ def privunitg_params(*, epsilon: float, p_grid: tuple[float, ...] | None = None)
         if not 0.0 < p < 1.0:
             raise ValueError(f"{where}: every p in p_grid must be in (0, 1), got {p}")
         q, gamma, scale = _privunitg_scale(float(p), float(epsilon))
-        if scale > 0 and math.isfinite(scale) and (best is None or scale < best.scale):
+        # q == 0 (ε > ~745) would make the sampler's cap unreachable: such a p is not usable
+        if q > 0 and scale > 0 and math.isfinite(scale) and (best is None or scale < best.scale):
             best = PrivUnitGParams(float(epsilon), float(p), q, gamma, scale)
     if best is None:
         raise ValueError(f"{where}: no p in p_grid gives a positive scale for epsilon={epsilon}")

@@ -174,10 +174,12 @@ class SemiDPSGD(torch.optim.Optimizer):
             raise ValueError(f"{w}: expected_batch_size must be an int >= 1, got {expected_batch_size!r}")
         if not isinstance(sample_rate, (int, float)) or not 0.0 < sample_rate <= 1.0:
             raise ValueError(f"{w}: sample_rate must be in (0, 1], got {sample_rate}")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"{w}: momentum must be in [0, 1), got {momentum}")
-        if weight_decay < 0:
-            raise ValueError(f"{w}: weight_decay must be >= 0, got {weight_decay}")
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not math.isfinite(momentum) \
+                or not 0.0 <= momentum < 1.0:
+            raise ValueError(f"{w}: momentum must be a finite number in [0, 1), got {momentum!r}")
+        if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) \
+                or not math.isfinite(weight_decay) or weight_decay < 0:
+            raise ValueError(f"{w}: weight_decay must be a finite number >= 0, got {weight_decay!r}")
         _check_accountant(accountant, w)
         super().__init__(params, {"lr": float(lr), "momentum": float(momentum),
                                   "weight_decay": float(weight_decay)})
@@ -321,6 +323,10 @@ def noise_multiplier_for(*, target_epsilon: float, target_delta: float, sample_r
     _check_eps_delta(target_epsilon, target_delta, where)
     _check_rate_steps(sample_rate, steps, where)
     _check_accountant(accountant, where)
+    if isinstance(epsilon_tolerance, bool) or not isinstance(epsilon_tolerance, (int, float)) \
+            or not math.isfinite(epsilon_tolerance) or not 0.0 < epsilon_tolerance < target_epsilon:
+        raise ValueError(f"{where}: epsilon_tolerance must be in (0, target_epsilon={target_epsilon}), "
+                         f"got {epsilon_tolerance!r}")
     return _noise_multiplier_cached(float(target_epsilon), float(target_delta), float(sample_rate), int(steps),
                                     accountant, float(epsilon_tolerance))
 
@@ -373,6 +379,11 @@ def inverse_variance_beta(*, dim: int, noise_multiplier: float, max_grad_norm: f
 def poisson_sample(n: int, *, sample_rate: float, generator: torch.Generator | None = None,
                    device: str | torch.device = "cpu") -> torch.Tensor:
     """Indices of a Poisson-subsampled batch: each of n examples is included independently with prob. q."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"poisson_sample: n must be an int >= 0, got {n!r}")
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, float)) \
+            or not math.isfinite(sample_rate) or not 0.0 < sample_rate <= 1.0:
+        raise ValueError(f"poisson_sample: sample_rate must be in (0, 1], got {sample_rate!r}")
     if sample_rate >= 1.0:
         return torch.arange(n, device=device)
     mask = torch.rand(n, generator=generator, device=device) < sample_rate
@@ -447,10 +458,13 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
         raise ValueError(f"{where}: inputs and targets must have the same number of samples")
     if len(x_pub) == 0 or len(x_priv) == 0:
         raise ValueError(f"{where}: public and private data must be non-empty")
+    if public_batch_size is not None and (isinstance(public_batch_size, bool)
+                                          or not isinstance(public_batch_size, int) or public_batch_size < 1):
+        raise ValueError(f"{where}: public_batch_size must be an int >= 1 or None, got {public_batch_size!r}")
 
     params = [p for p in model.parameters() if p.requires_grad]
     n_pub = len(x_pub)
-    b_pub = n_pub if public_batch_size is None else min(int(public_batch_size), n_pub)
+    b_pub = n_pub if public_batch_size is None else min(public_batch_size, n_pub)
     if mode == "dp_sgd_all":
         xp, yp = torch.cat([x_priv, x_pub]), torch.cat([y_priv, y_pub])
     else:
@@ -473,18 +487,19 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
     dev = x_priv.device
     for _ in range(steps):
         xs, ys = [], []
+        k = 0  # number of public rows actually stacked first (the split below uses it, never b_pub)
         if mode in ("semi_dp", "public_only"):
             idx = (torch.arange(n_pub, device=dev) if b_pub == n_pub
                    else torch.randperm(n_pub, generator=generator, device=dev)[:b_pub])
             xs.append(x_pub[idx])
             ys.append(y_pub[idx])
+            k = int(idx.numel())
         if mode != "public_only":
             idx = poisson_sample(n, sample_rate=q, generator=generator, device=dev)
             xs.append(xp[idx])
             ys.append(yp[idx])
-        # one vmap call for both batches; rows [0, b_pub) are public in semi_dp / public_only
+        # one vmap call for both batches; rows [0, k) are public in semi_dp / public_only
         gs = per_sample_grads(model, loss_fn, torch.cat(xs), torch.cat(ys))
-        k = b_pub if mode in ("semi_dp", "public_only") else 0
         pub = [g[:k] for g in gs] if k else None
         priv = [g[k:] for g in gs] if mode != "public_only" else None
         opt.step(private_grad_samples=priv, public_grad_samples=pub)

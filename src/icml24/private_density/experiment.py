@@ -220,7 +220,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             metrics: dict[str, dict[str, float]] = {a: {} for a in ARMS}
             for a in ARMS:
                 r = [c["median_ise"][a] / c["median_ise"]["oracle"] for c in dom]
-                metrics[a]["worst_ratio_to_oracle"] = (max(r) if a == "lepskii_private" else min(r)) if r else math.nan
+                # worst = largest ratio (the private Lepskii check), best = smallest (the privacy-naive checks)
+                metrics[a]["worst_ratio_to_oracle"] = max(r) if r else math.nan
+                metrics[a]["best_ratio_to_oracle"] = min(r) if r else math.nan
                 metrics[a]["mean_log10_ratio_to_oracle"] = float(np.mean(np.log10(r))) if r else math.nan
             for key, s in slopes.items():
                 d, beta = int(key[1]), float(key.split("_b")[1])
@@ -259,7 +261,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         r = ratios(arm)
         checks.append(ClaimCheck(
             name=f"C3 {label} >= 5x worse than oracle (best privacy-dominated cell)",
-            metric="worst_ratio_to_oracle", measured=min(r) if r else math.nan, threshold=cfg.naive_factor,
+            metric="best_ratio_to_oracle", measured=min(r) if r else math.nan, threshold=cfg.naive_factor,
             direction=">=", baseline_arm="oracle", method_arm=arm, paper_value="privacy-naive cutoffs drown in noise",
             detail=f"median-ISE ratio over {len(r)} cells x seeds: min {min(r, default=math.nan):.3g}, "
                    f"median {np.median(r) if r else math.nan:.3g}"))

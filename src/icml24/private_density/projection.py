@@ -160,6 +160,16 @@ def _compose(parts: Sequence[Privacy]) -> Privacy:
 # ----------------------------------------------------------------------------------------------------------
 # index sets and the basis
 # ----------------------------------------------------------------------------------------------------------
+def _number(name: str, value: object) -> float:
+    """``float(value)`` for a real number; a TypeError naming ``name`` for strings, bools and non-numbers."""
+    if isinstance(value, (str, bytes, bool, np.bool_)):
+        raise TypeError(f"{_P}: {name} must be a number, got {value!r}")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{_P}: {name} must be a number, got {value!r}") from e
+
+
 def _check_int(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{_P}: {name} must be an int, got {type(value).__name__}")
@@ -338,11 +348,19 @@ def noise_variance(index_set: object, *, n: int, privacy: Privacy | None) -> flo
     _check_privacy(privacy, allow_none=True)
     if privacy is None:
         return 0.0
-    if isinstance(privacy, ZCDP):
-        return l2_sensitivity(index_set, n=n) ** 2 / (2.0 * privacy.rho)
-    if isinstance(privacy, PureDP):
-        return 2.0 * (l1_sensitivity(index_set, n=n) / privacy.epsilon) ** 2
-    return l2_sensitivity(index_set, n=n) ** 2 * 2.0 * math.log(1.25 / privacy.delta) / privacy.epsilon ** 2
+    try:
+        if isinstance(privacy, ZCDP):
+            var = l2_sensitivity(index_set, n=n) ** 2 / (2.0 * privacy.rho)
+        elif isinstance(privacy, PureDP):
+            var = 2.0 * (l1_sensitivity(index_set, n=n) / privacy.epsilon) ** 2
+        else:
+            var = (l2_sensitivity(index_set, n=n) / privacy.epsilon) ** 2 * 2.0 * math.log(1.25 / privacy.delta)
+    except (ZeroDivisionError, OverflowError):  # a parameter so small that it underflows / the noise overflows
+        var = math.inf
+    if not math.isfinite(var):
+        raise ValueError(f"noise_variance: the privacy noise variance is not finite ({var}) for privacy={privacy!r} "
+                         f"and n={n}; the privacy parameter is too small to represent the noise")
+    return var
 
 
 def _rng(random_state: object) -> np.random.Generator:
@@ -753,13 +771,17 @@ class PrivateLepskiiDensity(_ProjectionBase):
         if scheme not in ("shell", "independent"):
             raise ValueError(f"{_P}: scheme must be 'shell' or 'independent', got {scheme!r}")
         for name, v in (("kappa_stat", kappa_stat), ("kappa_priv", kappa_priv)):
-            if not math.isfinite(float(v)) or float(v) < 0:
+            fv = _number(name, v)
+            if not math.isfinite(fv) or fv < 0:
                 raise ValueError(f"{_P}: {name} must be a finite number >= 0, got {v}")
         n_rel = sum(c > 0 for c in cut)
         if budget_weights is None:
             w = np.full(n_rel, 1.0 / n_rel)
         else:
-            w = np.asarray(budget_weights, dtype=np.float64).reshape(-1)
+            if isinstance(budget_weights, (str, bytes)):
+                raise TypeError(f"{_P}: budget_weights must be a sequence of numbers, got {budget_weights!r}")
+            w = np.asarray([_number("budget_weights[i]", b)
+                            for b in np.asarray(budget_weights, dtype=object).reshape(-1)], dtype=np.float64)
             if w.shape[0] != n_rel or not np.all(np.isfinite(w)) or np.any(w <= 0):
                 raise ValueError(f"{_P}: budget_weights must be {n_rel} positive numbers (one per cutoff > 0), "
                                  f"got {budget_weights}")
@@ -857,8 +879,8 @@ class PrivateLepskiiDensity(_ProjectionBase):
         ``kappa_priv=0`` is the privacy-naive rule)."""
         if not hasattr(self, "candidate_coefficients_"):
             raise RuntimeError(f"{_P}: call fit(X) first")
-        k1 = self.kappa_stat if kappa_stat is None else float(kappa_stat)
-        k2 = self.kappa_priv if kappa_priv is None else float(kappa_priv)
+        k1 = self.kappa_stat if kappa_stat is None else _number("kappa_stat", kappa_stat)
+        k2 = self.kappa_priv if kappa_priv is None else _number("kappa_priv", kappa_priv)
         if k1 < 0 or k2 < 0 or not (math.isfinite(k1) and math.isfinite(k2)):
             raise ValueError(f"{_P}: kappa_stat and kappa_priv must be finite and >= 0, got {k1}, {k2}")
         n = self.n_samples_
