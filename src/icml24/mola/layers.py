@@ -48,6 +48,13 @@ class _MoLALayer(nn.Module):
     num_experts: int
     gates: torch.Tensor | None
 
+    def reset_lora_parameters(self) -> None:
+        """``A_e`` ~ kaiming-uniform (a=√5, as loralib / the official code), ``B_e = 0`` (so ΔW_e = 0 at init)."""
+        with torch.no_grad():
+            for e in range(self.num_experts):
+                nn.init.kaiming_uniform_(self.lora_A[e], a=math.sqrt(5))
+            self.lora_B.zero_()
+
     def set_gates(self, gates: torch.Tensor | None) -> None:
         """Store the per-sample gates ``g`` (``(B, E)``) used by the next forward calls (``None`` clears)."""
         self.gates = gates
@@ -93,13 +100,6 @@ class MoLALinear(_MoLALayer):
         self.lora_B = nn.Parameter(w.new_zeros(num_experts, base.out_features, rank))
         self.gates = None
         self.reset_lora_parameters()
-
-    def reset_lora_parameters(self) -> None:
-        """``A_e`` ~ kaiming-uniform (a=√5, as loralib / the official code), ``B_e = 0`` (so ΔW_e = 0 at init)."""
-        with torch.no_grad():
-            for e in range(self.num_experts):
-                nn.init.kaiming_uniform_(self.lora_A[e], a=math.sqrt(5))
-            self.lora_B.zero_()
 
     def delta_weight(self) -> torch.Tensor:
         """The dense expert updates ``ΔW_e = (α/r) B_e A_e``, shape ``(E, out, in)``."""
@@ -152,13 +152,6 @@ class MoLAConv2d(_MoLALayer):
         self.lora_B = nn.Parameter(w.new_zeros(num_experts, base.out_channels * kh, rank * kh))
         self.gates = None
         self.reset_lora_parameters()
-
-    def reset_lora_parameters(self) -> None:
-        """``A_e`` ~ kaiming-uniform (a=√5), ``B_e = 0``."""
-        with torch.no_grad():
-            for e in range(self.num_experts):
-                nn.init.kaiming_uniform_(self.lora_A[e], a=math.sqrt(5))
-            self.lora_B.zero_()
 
     def delta_weight(self) -> torch.Tensor:
         """The expert kernels ``ΔW_e``, shape ``(E, C_out, C_in/groups, k_h, k_w)``."""
