@@ -1,10 +1,14 @@
-"""Run results: the ``results.json`` schema, claim checks computed from measured numbers, Markdown reports.
+"""Run results: the ``results.json`` schema 2, checks computed from measured numbers, verdicts, Markdown reports.
 
-Schema (``SCHEMA_VERSION``): ``schema_version, slug, paper{title, arxiv, code}, claim, mode (quick|full),
+Schema (``SCHEMA_VERSION`` = 2): ``schema_version, slug, paper{title, arxiv, code}, claim, mode (quick|full),
 config, seeds, per_seed[{seed, metrics{arm: {metric: value}}}], summary{arm: {metric: {mean, std, n, ...}}},
-claim_checks[{name, metric, baseline_arm, method_arm, direction, margin, threshold, measured, paper_value,
-passed, detail}], env{python, torch, numpy, platform, threads, device, git_sha}, timing{started_at, wall_s},
-artifacts[...], command``.
+claim_checks[{name, kind, metric, baseline_arm, method_arm, direction, margin, threshold, measured, ci_low,
+ci_high, n, paper_value, passed, detail}], verdict{label, claims_held, claims_total, mechanisms_held,
+mechanisms_total, sanity_failed[]}, env{python, torch, numpy, platform, threads, device, git_sha},
+timing{started_at, wall_s}, artifacts[...], command``.
+
+Check kinds (DESIGN.md § Verdicts): only ``claim`` checks vote; ``mechanism`` checks are shown beside the
+verdict; a failed ``sanity`` check makes the verdict "inconclusive".
 """
 
 from __future__ import annotations
@@ -26,19 +30,27 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from icml24.common.stats import format_mean_std, summarize
+from icml24.common.stats import format_mean_std, one_sample_ci, paired_ci, summarize
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 Direction = Literal["<=", ">=", "=="]
+Kind = Literal["claim", "mechanism", "sanity"]
+KINDS: tuple[str, ...] = ("claim", "mechanism", "sanity")
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
 
 
 @dataclass
 class ClaimCheck:
-    """One claim, checked from measured numbers: ``passed = measured <direction> threshold``.
+    """One check, computed from measured numbers; ``passed`` is derived here and cannot be passed in.
 
-    ``measured`` is whatever the claim compares (a ratio of two arms, a difference, a correlation...);
-    ``threshold`` already includes the ``margin``. ``passed`` is computed here and cannot be passed in.
-    For ``"=="``, ``passed`` means ``|measured - threshold| <= margin``.
+    ``measured`` is what the check compares (a mean paired difference, a log-ratio, a slope...); ``threshold``
+    already includes the ``margin``. With an interval (``ci_low``, ``ci_high``) the *interval* must clear the
+    threshold: ``">="`` needs ``ci_low >= threshold``, ``"<="`` needs ``ci_high <= threshold``, ``"=="`` needs the
+    whole interval within ``threshold ± margin``. Without one, ``measured`` is compared. A ``claim`` must carry a
+    finite interval (use :func:`paired_check` or :func:`one_sample_check`); a NaN anywhere fails the check.
     """
 
     name: str
@@ -46,32 +58,82 @@ class ClaimCheck:
     measured: float
     threshold: float
     direction: Direction
+    kind: Kind
     baseline_arm: str | None = None
     method_arm: str | None = None
     margin: float = 0.0
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n: int | None = None
     paper_value: str | float | None = None
     detail: str = ""
     passed: bool = field(init=False)
 
     def __post_init__(self) -> None:
         if self.direction not in ("<=", ">=", "=="):
-            raise ValueError(f"direction must be '<=', '>=' or '==', got {self.direction!r}")
-        m = float(self.measured)
-        t = float(self.threshold)
-        if not math.isfinite(m):
+            raise ValueError(f"check {self.name!r}: direction must be '<=', '>=' or '==', got {self.direction!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"check {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if (self.ci_low is None) != (self.ci_high is None):
+            raise ValueError(f"check {self.name!r}: give both ci_low and ci_high or neither")
+        if self.kind == "claim" and self.ci_low is None:
+            raise ValueError(f"claim {self.name!r} needs a confidence interval; build it with paired_check or "
+                             "one_sample_check (DESIGN.md § Verdicts)")
+        self.measured, self.threshold = float(self.measured), float(self.threshold)
+        has_ci = self.ci_low is not None
+        if has_ci:
+            self.ci_low, self.ci_high = float(self.ci_low), float(self.ci_high)
+        m, t = self.measured, self.threshold
+        if not math.isfinite(m) or (has_ci and not (_finite(self.ci_low) and _finite(self.ci_high))):
             self.passed = False
-        elif self.direction == "<=":
-            self.passed = m <= t
         elif self.direction == ">=":
-            self.passed = m >= t
+            self.passed = (self.ci_low if has_ci else m) >= t
+        elif self.direction == "<=":
+            self.passed = (self.ci_high if has_ci else m) <= t
         else:
-            self.passed = abs(m - t) <= self.margin
-        self.measured, self.threshold = m, t
+            lo, hi = (self.ci_low, self.ci_high) if has_ci else (m, m)
+            self.passed = t - self.margin <= lo and hi <= t + self.margin
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ClaimCheck:
         d = {k: v for k, v in d.items() if k != "passed"}
+        for k in ("ci_low", "ci_high"):  # JSON stores NaN as null and ±inf as strings
+            if isinstance(d.get(k), str) or (d.get(k) is None and d.get("kind") == "claim"):
+                d[k] = float(d[k]) if isinstance(d.get(k), str) else float("nan")
         return cls(**d)
+
+
+def paired_check(*, name: str, metric: str, method: Sequence[float], baseline: Sequence[float],
+                 direction: Direction, threshold: float = 0.0, kind: Kind = "claim",
+                 method_arm: str | None = None, baseline_arm: str | None = None, log_ratio: bool = False,
+                 bootstrap: bool = False, paper_value: str | float | None = None, detail: str = "") -> ClaimCheck:
+    """A check on the paired per-unit differences ``method − baseline`` (or ``log(method/baseline)``).
+
+    "Method better by m" on a higher-is-better metric: ``direction=">=", threshold=m``; "no worse than m":
+    ``direction=">=", threshold=-m``; on a lower-is-better metric (a loss): ``direction="<="`` with
+    ``threshold=-m`` / ``+m``. The 95% interval of the mean difference must clear the threshold.
+    """
+    st = paired_ci(method, baseline, log_ratio=log_ratio, bootstrap=bootstrap)
+    what = "log-ratio" if log_ratio else "difference"
+    auto = (f"{method_arm or 'method'} − {baseline_arm or 'baseline'} {what}: {st['mean']:.4g} "
+            f"[{st['ci_low']:.4g}, {st['ci_high']:.4g}] over n={st['n']} ({'bootstrap' if bootstrap else 't'} 95%)")
+    return ClaimCheck(name=name, kind=kind, metric=metric, measured=st["mean"], threshold=threshold,
+                      direction=direction, baseline_arm=baseline_arm, method_arm=method_arm, margin=abs(threshold)
+                      if direction != "==" else 0.0, ci_low=st["ci_low"], ci_high=st["ci_high"], n=st["n"],
+                      paper_value=paper_value, detail=f"{auto}. {detail}".strip() if detail else auto)
+
+
+def one_sample_check(*, name: str, metric: str, values: Sequence[float], direction: Direction,
+                     threshold: float, kind: Kind = "claim", arm: str | None = None, margin: float = 0.0,
+                     bootstrap: bool = False, paper_value: str | float | None = None,
+                     detail: str = "") -> ClaimCheck:
+    """A check on the mean of a per-unit statistic (per-seed slope, correlation, ratio...) with its 95% CI."""
+    st = one_sample_ci(values, bootstrap=bootstrap)
+    auto = f"mean {st['mean']:.4g} [{st['ci_low']:.4g}, {st['ci_high']:.4g}] over n={st['n']}"
+    return ClaimCheck(name=name, kind=kind, metric=metric, measured=st["mean"], threshold=threshold,
+                      direction=direction, method_arm=arm, margin=margin, ci_low=st["ci_low"],
+                      ci_high=st["ci_high"], n=st["n"], paper_value=paper_value,
+                      detail=f"{auto}. {detail}".strip() if detail else auto)
 
 
 def compare_arms(
@@ -84,17 +146,42 @@ def compare_arms(
     direction: Direction,
     margin: float,
     kind: Literal["ratio", "difference"],
+    check_kind: Kind,
     paper_value: str | float | None = None,
 ) -> ClaimCheck:
-    """Claim on two arms' means: ``ratio`` checks ``method/baseline <dir> margin``; ``difference`` checks
-    ``method - baseline <dir> margin`` (e.g. ``>= -0.5`` for "within 0.5 points")."""
+    """A ``mechanism``/``sanity`` check on two arms' means (no interval, so never a ``claim``): ``ratio``
+    checks ``method/baseline <dir> margin``; ``difference`` checks ``method - baseline <dir> margin``."""
     m = summary[method_arm][metric]["mean"]
     b = summary[baseline_arm][metric]["mean"]
     measured = m / b if kind == "ratio" else m - b
     detail = f"{method_arm}={m:.6g}, {baseline_arm}={b:.6g}, {kind}={measured:.6g}"
-    return ClaimCheck(name=name, metric=metric, measured=measured, threshold=margin, direction=direction,
-                      baseline_arm=baseline_arm, method_arm=method_arm, margin=margin,
+    return ClaimCheck(name=name, kind=check_kind, metric=metric, measured=measured, threshold=margin,
+                      direction=direction, baseline_arm=baseline_arm, method_arm=method_arm, margin=margin,
                       paper_value=paper_value, detail=detail)
+
+
+def verdict(checks: Sequence[ClaimCheck]) -> dict[str, Any]:
+    """The run's verdict, from the checks alone (DESIGN.md § Verdicts).
+
+    ``inconclusive`` when any sanity check fails; else, over claim checks: ``holds`` (all), ``partly holds``,
+    ``does not hold`` (none); ``no claim (mechanisms k/n)`` when there is no claim. Mechanisms never vote.
+    """
+    claims = [c for c in checks if c.kind == "claim"]
+    mechs = [c for c in checks if c.kind == "mechanism"]
+    sanity_failed = [c.name for c in checks if c.kind == "sanity" and not c.passed]
+    held, m_held = sum(c.passed for c in claims), sum(c.passed for c in mechs)
+    if sanity_failed:
+        label = "inconclusive"
+    elif not claims:
+        label = f"no claim (mechanisms {m_held}/{len(mechs)})"
+    elif held == len(claims):
+        label = "holds"
+    elif held == 0:
+        label = "does not hold"
+    else:
+        label = "partly holds"
+    return {"label": label, "claims_held": held, "claims_total": len(claims), "mechanisms_held": m_held,
+            "mechanisms_total": len(mechs), "sanity_failed": sanity_failed}
 
 
 def summarize_per_seed(per_seed: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -179,14 +266,26 @@ class RunResult:
     command: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    verdict: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.verdict = verdict(self.claim_checks)
+
+    @property
+    def label(self) -> str:
+        return self.verdict["label"]
 
     @property
     def claims_held(self) -> int:
-        return sum(c.passed for c in self.claim_checks)
+        return self.verdict["claims_held"]
 
     @property
     def passed(self) -> bool:
-        return bool(self.claim_checks) and all(c.passed for c in self.claim_checks)
+        """True when the verdict is "holds" (every claim holds and no sanity check failed)."""
+        return self.label == "holds"
+
+    def checks(self, kind: Kind) -> list[ClaimCheck]:
+        return [c for c in self.claim_checks if c.kind == kind]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -197,7 +296,7 @@ class RunResult:
     def from_dict(cls, d: dict[str, Any]) -> RunResult:
         if d.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"results schema_version {d.get('schema_version')!r} != {SCHEMA_VERSION}")
-        d = dict(d)
+        d = {k: v for k, v in d.items() if k != "verdict"}
         d["claim_checks"] = [ClaimCheck.from_dict(c) for c in d["claim_checks"]]
         return cls(**d)
 
@@ -245,6 +344,24 @@ class RunRecorder:
 
     def summary(self) -> dict[str, dict[str, dict[str, float]]]:
         return summarize_per_seed(self.per_seed)
+
+    def values(self, arm: str, metric: str) -> list[float]:
+        """``metric`` of ``arm`` per seed, in the order the seeds were added (the pairing order)."""
+        out = []
+        for row in self.per_seed:
+            try:
+                out.append(float(row["metrics"][arm][metric]))
+            except KeyError:
+                raise KeyError(f"seed {row['seed']} has no {arm!r}/{metric!r}") from None
+        return out
+
+    def paired(self, *, name: str, metric: str, method_arm: str, baseline_arm: str, direction: Direction,
+               threshold: float = 0.0, kind: Kind = "claim", **kwargs: Any) -> ClaimCheck:
+        """:func:`paired_check` of two arms' per-seed ``metric`` values recorded with :meth:`add_seed`."""
+        return paired_check(name=name, metric=metric, method=self.values(method_arm, metric),
+                            baseline=self.values(baseline_arm, metric), direction=direction,
+                            threshold=threshold, kind=kind, method_arm=method_arm, baseline_arm=baseline_arm,
+                            **kwargs)
 
     def finish(self, claim_checks: list[ClaimCheck], *, artifacts: Sequence[str | Path] = (),
                extra: dict[str, Any] | None = None) -> RunResult:
@@ -297,24 +414,52 @@ def _diff(cfg: Any, ref: Any) -> dict[str, Any]:
     return {k: a[k] for k in a if a[k] != b.get(k)}
 
 
-def render_report(r: RunResult) -> str:
-    """The per-run ``report.md``: claim table with baseline and method means ± std, verdicts, plots, command."""
-    lines = [f"# {r.slug}: {r.paper.get('title', '')}", ""]
-    if r.paper.get("arxiv"):
-        lines.append(f"arXiv: {r.paper['arxiv']} · official code: {r.paper.get('code') or 'none'}  ")
-    lines += [f"Mode: **{r.mode}** · seeds: {r.seeds} · wall time: {r.timing.get('wall_s', 0):.1f} s", "",
-              f"**Claim.** {r.claim}", "", "## Claim checks", "",
-              "| check | metric | baseline mean ± std | method mean ± std | measured | threshold | paper | verdict |",
-              "|---|---|---|---|---|---|---|---|"]
-    for c in r.claim_checks:
+def _fmt(x: float | None) -> str:
+    return "—" if x is None else f"{x:.4g}"
+
+
+def format_measured(c: ClaimCheck) -> str:
+    """``measured [ci_low, ci_high]`` (or just measured when the check has no interval)."""
+    ci = f" [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}]" if c.ci_low is not None else ""
+    return f"{c.measured:.4g}{ci}"
+
+
+def check_table(r: RunResult, checks: Sequence[ClaimCheck]) -> list[str]:
+    """Markdown table of checks: arms' mean ± std, measured with its 95% CI, threshold, n, paper, verdict."""
+    lines = ["| check | metric | baseline mean ± std | method mean ± std | measured [95% CI] | threshold | n | "
+             "paper | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in checks:
         base = r.summary.get(c.baseline_arm or "", {}).get(c.metric)
         meth = r.summary.get(c.method_arm or "", {}).get(c.metric)
         b = f"{c.baseline_arm}: {format_mean_std(base)}" if base else (c.baseline_arm or "—")
         m = f"{c.method_arm}: {format_mean_std(meth)}" if meth else (c.method_arm or "—")
-        verdict = "holds" if c.passed else "does not hold"
-        lines.append(f"| {c.name} | {c.metric} | {b} | {m} | {c.measured:.4g} | {c.direction} {c.threshold:.4g} | "
-                     f"{c.paper_value if c.paper_value is not None else '—'} | **{verdict}** |")
-    lines += ["", f"Verdict: {r.claims_held}/{len(r.claim_checks)} claim checks hold.", ""]
+        thr = f"{c.direction} {c.threshold:.4g}" + (f" ± {c.margin:.4g}" if c.direction == "==" else "")
+        lines.append(f"| {c.name} | {c.metric} | {b} | {m} | {format_measured(c)} | {thr} | {c.n or '—'} | "
+                     f"{c.paper_value if c.paper_value is not None else '—'} | "
+                     f"{'holds' if c.passed else '**does not hold**'} |")
+    return lines
+
+
+_KIND_TITLES = {"claim": "Claims (these make the verdict)",
+                "mechanism": "Mechanisms (shown beside the verdict, never counted)",
+                "sanity": "Sanity checks (any failure makes the verdict inconclusive)"}
+
+
+def render_report(r: RunResult) -> str:
+    """The per-run ``report.md``: verdict, then claims, mechanisms and sanity checks in separate tables."""
+    v = r.verdict
+    lines = [f"# {r.slug}: {r.paper.get('title', '')}", ""]
+    if r.paper.get("arxiv"):
+        lines.append(f"arXiv: {r.paper['arxiv']} · official code: {r.paper.get('code') or 'none'}  ")
+    lines += [f"Mode: **{r.mode}** · seeds: {r.seeds} · wall time: {r.timing.get('wall_s', 0):.1f} s", "",
+              f"**Claim.** {r.claim}", "",
+              f"**Verdict: {v['label']}** — claims {v['claims_held']}/{v['claims_total']}, mechanisms "
+              f"{v['mechanisms_held']}/{v['mechanisms_total']}, sanity "
+              + (f"failed: {', '.join(v['sanity_failed'])}" if v["sanity_failed"] else "all pass"), ""]
+    for kind in KINDS:
+        checks = r.checks(kind)
+        if checks:
+            lines += [f"## {_KIND_TITLES[kind]}", "", *check_table(r, checks), ""]
     details = [f"- {c.name}: {c.detail}" for c in r.claim_checks if c.detail]
     if details:
         lines += ["Details:", "", *details, ""]

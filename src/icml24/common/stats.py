@@ -1,4 +1,9 @@
-"""Summary statistics over seeds: mean, sample std, Student-t 95% CI, paired differences."""
+"""Summary statistics over seeds: mean, sample std, Student-t 95% CI, and the one rule for comparing arms.
+
+DESIGN.md § Verdicts: arms share seeds and data, so they are compared *paired*: the per-unit differences (or
+log-ratios) method − baseline, their mean and a 95% interval — Student-t over seeds (``scipy.stats.t.interval``),
+a paired bootstrap (``scipy.stats.bootstrap(..., paired=True)``) only over >= 10 units (mazes, documents...).
+"""
 
 from __future__ import annotations
 
@@ -43,6 +48,62 @@ def paired_difference(method: Sequence[float], baseline: Sequence[float]) -> dic
     out = summarize(d)
     out["p_value"] = float(_st.ttest_rel(a, b).pvalue) if d.size > 1 and np.any(d != d[0]) else float("nan")
     return out
+
+
+def _interval(d: np.ndarray, *, bootstrap: bool, confidence: float, seed: int) -> tuple[float, float]:
+    """Two-sided interval of the mean of ``d``: Student-t, or a BCa bootstrap (needs >= 10 units)."""
+    m = float(d.mean())
+    if d.size < 2:
+        return float("nan"), float("nan")
+    if np.ptp(d) <= 1e-12 * max(1.0, abs(m)):  # no spread (up to rounding): the interval is the point
+        return m, m
+    if bootstrap:
+        if d.size < 10:
+            raise ValueError(f"a bootstrap interval needs >= 10 units, got {d.size}; use the t interval")
+        res = _st.bootstrap((d,), np.mean, confidence_level=confidence, n_resamples=9999, method="BCa",
+                            random_state=np.random.default_rng(seed))
+        return float(res.confidence_interval.low), float(res.confidence_interval.high)
+    lo, hi = _st.t.interval(confidence, d.size - 1, loc=m, scale=_st.sem(d))
+    return float(lo), float(hi)
+
+
+def paired_ci(method: Sequence[float], baseline: Sequence[float], *, log_ratio: bool = False,
+              bootstrap: bool = False, confidence: float = 0.95, seed: int = 0) -> dict[str, float | int]:
+    """Paired comparison of two arms over shared units (seeds, documents, ...).
+
+    Args:
+        method, baseline: per-unit values, aligned (unit i of both arms saw the same data and seed).
+        log_ratio: compare ``log(method / baseline)`` (for losses/MSEs spanning scales) instead of differences.
+        bootstrap: paired bootstrap over units (>= 10 units) instead of the Student-t interval.
+
+    Returns:
+        ``{mean, ci_low, ci_high, n, p_value}`` of the per-unit differences; ``p_value`` is the two-sided paired
+        t-test (``scipy.stats.ttest_rel``; NaN when every difference is equal). The CI is NaN for n < 2.
+    """
+    a, b = np.asarray(method, dtype=float).ravel(), np.asarray(baseline, dtype=float).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"paired_ci needs aligned values, got {a.size} method and {b.size} baseline values")
+    if a.size == 0:
+        raise ValueError("paired_ci needs at least one pair")
+    if log_ratio:
+        if np.any(a <= 0) or np.any(b <= 0):
+            raise ValueError("log_ratio needs positive values in both arms")
+        d = np.log(a) - np.log(b)
+    else:
+        d = a - b
+    lo, hi = _interval(d, bootstrap=bootstrap, confidence=confidence, seed=seed)
+    p = float(_st.ttest_1samp(d, 0.0).pvalue) if lo != hi else float("nan")
+    return {"mean": float(d.mean()), "ci_low": lo, "ci_high": hi, "n": int(d.size), "p_value": p}
+
+
+def one_sample_ci(values: Sequence[float], *, bootstrap: bool = False, confidence: float = 0.95,
+                  seed: int = 0) -> dict[str, float | int]:
+    """Mean of a per-unit statistic (a per-seed slope, ratio, correlation...) with its 95% interval."""
+    x = np.asarray(values, dtype=float).ravel()
+    if x.size == 0:
+        raise ValueError("one_sample_ci needs at least one value")
+    lo, hi = _interval(x, bootstrap=bootstrap, confidence=confidence, seed=seed)
+    return {"mean": float(x.mean()), "ci_low": lo, "ci_high": hi, "n": int(x.size)}
 
 
 def format_mean_std(summary: dict[str, float] | None, digits: int = 4) -> str:
