@@ -17,3 +17,10 @@ BLOCKS = [(p, i, code) for p in READMES
 def test_readme_example_runs(path, index, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, f"{path}:python-block-{index}", "exec"), {"__name__": "__readme__"})
+
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"Run the tests:\n\n```\n(.*?)\n```", readme, re.S).group(1)
+    assert command.endswith("pytest")
+    assert command in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()

@@ -40,6 +40,38 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
 
 
+class ConvNet1D(nn.Module):
+    """The MNIST-1D reference CNN (Greydanus & Kobak, 2020): three stride-2 ReLU convolutions and a linear head.
+
+    Input ``(B, L)`` or ``(B, L, C)`` (channels last, as ``load_mnist1d(as_sequence=True)`` gives) or
+    ``(B, C, L)`` with ``channels_last=False``. With the defaults (L = 40, 25 channels) it has the published
+    architecture, which reaches ~94% test accuracy on MNIST-1D.
+    """
+
+    def __init__(self, *, length: int = 40, in_channels: int = 1, channels: int = 25, num_classes: int = 10,
+                 channels_last: bool = True) -> None:
+        super().__init__()
+        if min(length, in_channels, channels, num_classes) < 1:
+            raise ValueError("ConvNet1D: length, in_channels, channels and num_classes must be >= 1")
+        self.in_channels, self.channels_last = in_channels, channels_last
+        self.features = nn.Sequential(
+            nn.Conv1d(in_channels, channels, 5, stride=2, padding=1), nn.ReLU(),
+            nn.Conv1d(channels, channels, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv1d(channels, channels, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            n = self.features(torch.zeros(1, in_channels, length)).shape[1]
+        self.head = nn.Linear(n, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            x = x.unsqueeze(1)
+        elif self.channels_last:
+            x = x.transpose(1, 2)
+        if x.dim() != 3 or x.shape[1] != self.in_channels:
+            raise ValueError(f"ConvNet1D: expected (B, L[, {self.in_channels}]) input, got {tuple(x.shape)}")
+        return self.head(self.features(x))
+
+
 class Mlp(nn.Module):
     """The standard transformer FFN ``fc2(drop(act(fc1 x)))`` with timm's ``Mlp`` constructor signature."""
 
