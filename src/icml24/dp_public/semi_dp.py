@@ -287,6 +287,36 @@ class SemiDPSGD(torch.optim.Optimizer):
             return 0.0
         return float(self.accountant.get_epsilon(delta=delta))
 
+    def state_dict(self) -> dict:
+        """The optimizer state plus the privacy spend: the private step count and the accountant's history.
+
+        A resumed run that loads this reports the ε of the whole run, as Opacus checkpoints do; without it a
+        resumed optimizer would restart its accounting at ε = 0.
+        """
+        state = super().state_dict()
+        state["privacy"] = {"private_steps": self.private_steps,
+                            "accountant": None if self.accountant is None else self.accountant.state_dict()}
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load :meth:`state_dict`; refuses a state without the privacy spend or from another accountant."""
+        state = dict(state_dict)
+        privacy = state.pop("privacy", None)
+        if privacy is None:
+            raise ValueError("SemiDPSGD.load_state_dict: the state has no 'privacy' entry (private step count and "
+                             "accountant history); loading it would under-report ε")
+        acc = privacy.get("accountant")
+        if (acc is None) != (self.accountant is None):
+            raise ValueError("SemiDPSGD.load_state_dict: the saved optimizer and this one disagree on whether "
+                             "an accountant is used")
+        if acc is not None and acc.get("mechanism") != self.accountant.mechanism():
+            raise ValueError(f"SemiDPSGD.load_state_dict: saved accountant {acc.get('mechanism')!r} != this "
+                             f"optimizer's {self.accountant.mechanism()!r}")
+        super().load_state_dict(state)
+        self.private_steps = int(privacy["private_steps"])
+        if acc is not None:
+            self.accountant.load_state_dict(acc)
+
 
 def make_public_only_sgd(params: Iterable[torch.Tensor], *, lr: float, clip_norm: float | None = None,
                          momentum: float = 0.0) -> SemiDPSGD:
