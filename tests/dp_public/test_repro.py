@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -33,13 +34,31 @@ def test_quick_run_writes_results_and_plots(quick):
     assert (out / "report.md").read_text().count("| E") >= 8
 
 
-def test_mean_estimation_claims_hold_on_quick_run(quick):
+def test_mean_estimation_checks_hold_on_quick_run(quick):
     result, _ = quick
-    for c in _check(result, "E1") + _check(result, "E2"):
-        assert c.passed, (c.name, c.measured, c.threshold)
-    # the crossover band is non-empty and the gain there is real
     band = [c for c in _check(result, "E1") if "crossover" in c.name][0]
-    assert band.measured < 0.9
+    for c in _check(result, "E1") + _check(result, "E2"):
+        assert c.kind == ("claim" if c is band else "mechanism"), c.name  # near-identities and closed forms
+        assert c.passed, (c.name, c.measured, c.threshold)
+    # the crossover band is non-empty and the gain there is real: per-seed log-ratios, CI below log 0.9
+    per_seed = [r["metrics"]["E1 weighted"]["band_ratio"] for r in result.per_seed]
+    assert max(per_seed) < 0.9 and band.n == len(per_seed) == 2
+    assert band.measured == pytest.approx(float(np.mean(np.log(per_seed))))
+    assert band.ci_high <= np.log(0.9) and band.threshold == pytest.approx(np.log(0.9))
+
+
+def test_training_checks_are_paired_claims(quick):
+    result, _ = quick
+    e3, e4 = _check(result, "E3"), _check(result, "E4")
+    assert len(e3) == len(Config.quick().lin_ratios) and len(e4) == len(Config.quick().dig_epsilons)
+    for c in e3 + e4:
+        assert c.kind == "claim" and c.n == 2 and c.ci_low <= c.measured <= c.ci_high
+        m, b = ([r["metrics"][a][c.metric] for r in result.per_seed] for a in (c.method_arm, c.baseline_arm))
+        d = np.log(np.divide(m, b)) if c in e3 else np.subtract(m, b)
+        assert c.measured == pytest.approx(float(np.mean(d)))
+    assert all(c.threshold == 0.0 and c.passed == (c.ci_high <= 0.0) for c in e3)
+    assert all(c.threshold == -0.5 and c.passed == (c.ci_low >= -0.5) for c in e4)
+    assert result.verdict["claims_total"] == 1 + len(e3) + len(e4) and result.verdict["mechanisms_total"] == 4
 
 
 def test_semi_dp_training_direction_on_quick_run(quick):

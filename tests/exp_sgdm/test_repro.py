@@ -45,6 +45,24 @@ def test_quick_run_claim_directions(quick):
     assert s["exp_sgdm"]["stat_ema_T3000"]["mean"] < s["exp_sgdm"]["stat_ema_T300"]["mean"]
 
 
+def test_checks_are_labelled_and_accuracy_claims_are_paired(quick):
+    """Only the accuracy comparisons vote (paired per-seed differences with a CI); the stationarity bound is a
+    mechanism of the theory and "no divergence" a precondition."""
+    res, _ = quick
+    by_metric = {c.metric: c for c in res.claim_checks}
+    assert {m: c.kind for m, c in by_metric.items()} == {
+        "digits_test_acc": "claim", "breast_cancer_test_acc": "claim", "failed_runs": "sanity",
+        "stat_ema": "mechanism"}
+    margin = Config.quick().margin_points
+    for ds in ("digits", "breast_cancer"):
+        c = by_metric[f"{ds}_test_acc"]
+        d = [r["metrics"]["exp_sgdm"][f"{ds}_test_acc"] - r["metrics"]["sgdm"][f"{ds}_test_acc"] for r in res.per_seed]
+        assert c.measured == pytest.approx(sum(d) / len(d)) and c.n == len(d) == 2
+        assert c.ci_low <= c.measured <= c.ci_high and c.threshold == -margin
+        assert c.passed == (c.ci_low >= -margin)
+    assert res.verdict["claims_total"] == 2 and res.verdict["sanity_failed"] == []
+
+
 def test_same_seed_same_numbers():
     cfg = Config.quick().replace(epochs=2, hidden=(32,))
     split = load_sklearn("breast_cancer", seed=0, test_size=0.2)

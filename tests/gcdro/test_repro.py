@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from icml24.common.progress import set_quiet
@@ -53,6 +54,21 @@ def test_quick_checks_are_named_honestly_and_bump_check_is_measured(quick_result
         assert "non-inferior" in c.name and "erm=" in c.detail and "gcdro/erm" in c.detail
     edges = json.loads((out / "results.json").read_text())["extra"]["selected_at_grid_edge"]
     assert set(edges) == {"d1", "d2"} and set(edges["d1"]) == {"kl", "chi2", "cvar", "gcdro"}
+
+
+def test_quick_checks_are_labelled_and_c2_claims_are_paired_log_ratios(quick_result):
+    """Only the C2 comparisons vote; C1 as measured (GCDRO at its own strength) is a mechanism, the baselines'
+    over-pessimism on noisy points is the regime (sanity)."""
+    res, _ = quick_result
+    assert [c.kind for c in res.claim_checks] == ["claim", "claim", "mechanism", "mechanism", "sanity"]
+    margin = Config.quick().margin
+    for c in res.checks("claim"):
+        assert c.method_arm == "gcdro" and c.baseline_arm in ("kl", "chi2", "cvar")
+        d = [np.log(r["metrics"]["gcdro"][c.metric] / r["metrics"][c.baseline_arm][c.metric]) for r in res.per_seed]
+        assert c.measured == pytest.approx(float(np.mean(d))) and c.n == len(d)
+        assert c.threshold == pytest.approx(np.log(margin)) and c.ci_low <= c.measured <= c.ci_high
+        assert c.passed == (c.ci_high <= np.log(margin))
+    assert res.verdict["claims_total"] == 2 and res.verdict["mechanisms_total"] == 2
 
 
 def test_quick_calibration_beats_uncalibrated_flow(quick_result):

@@ -35,9 +35,24 @@ def test_quick_flops_claim_and_learning(quick_result):
     assert 0.45 < ratio <= 0.55
     flops_check = next(c for c in result.claim_checks if "FLOPs" in c.name)
     assert flops_check.passed and flops_check.measured == pytest.approx(ratio)
+    assert flops_check.kind == "mechanism"  # holds by construction
     # every ViT arm learns digits well above chance (10%) even in the short quick run (1 block, 8 epochs)
     for arm in ("ffn_r4", "ffn_r1", "iffn_r1"):
         assert s[arm]["acc"]["mean"] > 30.0, arm
+
+
+def test_quick_checks_are_labelled_and_vit_claims_are_paired(quick_result):
+    result, _ = quick_result
+    kinds = {c.name: c.kind for c in result.claim_checks}
+    assert all(k == "mechanism" for n, k in kinds.items() if n.startswith("toy[") or "FLOPs" in n)
+    claims = result.checks("claim")
+    cfg = Config.quick()
+    assert [c.name[:4] for c in claims] == ["ViT:", "ViT:"] and len(kinds) == 2 * len(cfg.toy_targets) + 1 + 2
+    for c, base, thr in zip(claims, (cfg.claim_full, cfg.claim_reduced), (-cfg.acc_margin, 0.0), strict=True):
+        assert c.method_arm == cfg.claim_method and c.baseline_arm == base and c.threshold == thr
+        d = [r["metrics"][c.method_arm]["acc"] - r["metrics"][base]["acc"] for r in result.per_seed]
+        assert c.measured == pytest.approx(sum(d) / len(d)) and c.n == len(d)
+        assert c.ci_low <= c.measured <= c.ci_high and c.passed == (c.ci_low >= thr)
 
 
 def test_quick_toy_direction(quick_result):

@@ -32,10 +32,25 @@ def test_quick_run_writes_results(quick):
         assert len(row["metrics"]) == 1 + 2 * n_variants
 
 
+def test_only_the_rank_vs_kl_comparison_is_a_claim_with_a_paired_ci(quick):
+    result, _ = quick
+    kinds = {c.name: c.kind for c in result.claim_checks}
+    assert kinds == {"kl_student_acc_vs_teacher_ece_spearman": "mechanism",
+                     "rank_students_identical_across_logit_scaling": "mechanism",
+                     "rank_vs_kl_for_most_overconfident_teacher": "claim",
+                     "teacher_ece_grows_with_width": "sanity"}
+    (claim,) = result.checks("claim")
+    d = [r["metrics"][claim.method_arm]["acc"] - r["metrics"][claim.baseline_arm]["acc"] for r in result.per_seed]
+    assert claim.method_arm.startswith("rank:") and claim.baseline_arm == "kl:" + claim.method_arm[5:]
+    assert claim.measured == pytest.approx(sum(d) / len(d)) and claim.n == len(d)
+    assert claim.ci_low <= claim.measured <= claim.ci_high and claim.threshold == -0.5
+    assert claim.passed == (claim.ci_low >= -0.5)
+
+
 def test_rank_students_bit_identical_across_logit_scaled_teachers(quick):
     result, _ = quick
     check = next(c for c in result.claim_checks if c.name == "rank_students_identical_across_logit_scaling")
-    assert check.measured == 0.0 and check.passed
+    assert check.measured == 0.0 and check.passed and check.kind == "mechanism"
     family = result.extra["rank_scaled_family"]
     assert len(family) >= 3
     for row in result.per_seed:

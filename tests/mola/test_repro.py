@@ -39,12 +39,17 @@ def test_quick_run_outputs_and_claim_checks(quick_result):
     assert all((out / a).stat().st_size > 1000 for a in res.artifacts)
     assert set(res.summary) == set(ARMS)
     assert len(res.claim_checks) == 2
+    assert [c.kind for c in res.claim_checks] == ["claim", "mechanism"]  # gate separation is what TwD optimises
     for c in res.claim_checks:  # verdicts follow from the measured numbers of this run
         s = res.summary
         expected = s[c.method_arm][c.metric]["mean"] - s[c.baseline_arm][c.metric]["mean"]
         assert c.measured == pytest.approx(expected)
-        assert c.passed == (c.measured >= c.threshold)
+    claim, mech = res.claim_checks
+    assert claim.n == 2 and claim.ci_low <= claim.measured <= claim.ci_high
+    assert claim.passed == (claim.ci_low >= claim.threshold)  # the paired interval must clear +1 point
+    assert mech.ci_low is None and mech.passed == (mech.measured >= mech.threshold)
     assert [c.threshold for c in res.claim_checks] == [1.0, 0.1]
+    assert res.verdict["claims_total"] == 1 and res.verdict["mechanisms_total"] == 1
 
 
 def test_quick_run_learns_every_domain(quick_result):

@@ -25,6 +25,20 @@ def test_outputs_written(quick):
     assert all(np.isfinite(c.measured) for c in res.claim_checks)
 
 
+def test_checks_are_labelled_and_the_lepskii_claim_has_a_ci(quick):
+    """The rate slopes are mechanisms, the privacy-naive cutoffs are negative controls (sanity), and only the
+    adaptivity of private Lepskii votes, as a per-seed log-ratio to the oracle with its CI."""
+    res, _ = quick
+    kinds = [(c.name.split(" ")[0], c.kind) for c in res.claim_checks]
+    assert kinds == [("C2", "mechanism")] * 2 + [("C3", "claim"), ("C3", "sanity"), ("C3", "sanity")]
+    (claim,) = res.checks("claim")
+    per_seed = [np.log(r["metrics"]["lepskii_private"]["worst_ratio_to_oracle"]) for r in res.per_seed]
+    assert all(r["metrics"]["oracle"]["worst_ratio_to_oracle"] == 1.0 for r in res.per_seed)
+    assert claim.measured == pytest.approx(float(np.mean(per_seed))) and claim.n == len(Config.quick().seeds)
+    assert claim.threshold == pytest.approx(np.log(Config.quick().lepskii_factor))
+    assert claim.ci_low <= claim.measured <= claim.ci_high and claim.passed == (claim.ci_high <= claim.threshold)
+
+
 def test_closed_form_matches_oracle_arm(quick):
     """Every cell's empirical oracle MISE is within 35% of the closed form (C1 at experiment scale, 12 reps)."""
     res, _ = quick

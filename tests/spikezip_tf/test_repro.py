@@ -46,6 +46,12 @@ def test_quick_artefacts_and_claims(quick):
     assert {c["name"] for c in data["claim_checks"]} >= {"snn_logits_equal_qann_fp64", "identical_accuracy",
                                                           "no_negative_spikes_loses_agreement"}
     assert (out / "accuracy_vs_time_step.png").stat().st_size > 1000
+    kinds = {c["name"]: c["kind"] for c in data["claim_checks"]}
+    # exactness and its consequences are mechanisms, the ablations negative controls: no claim is made
+    assert {n for n, k in kinds.items() if k == "sanity"} == {"no_negative_spikes_loses_agreement",
+                                                               "no_half_init_loses_agreement"}
+    assert set(kinds.values()) == {"mechanism", "sanity"} and kinds["identical_accuracy"] == "mechanism"
+    assert data["verdict"]["claims_total"] == 0 and data["verdict"]["label"].startswith("no claim (mechanisms")
     assert (out / "spikes_per_layer.png").stat().st_size > 1000
     curve = data["extra"]["acc_curve_mean"]["vit_snn"]
     assert curve[0] < curve[-1]  # accuracy rises with time steps (latency before the plateau)

@@ -224,17 +224,20 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         # non-inferiority (GCDRO within margin of the best DRO baseline), NOT superiority; ERM is reported too
         best = min(BASELINES, key=lambda a: s[a][metric]["mean"])
         g, b, e = s["gcdro"][metric]["mean"], s[best][metric]["mean"], s["erm"][metric]["mean"]
-        checks.append(ClaimCheck(
+        checks.append(rec.paired(
             name=f"C2: gcdro non-inferior within {pct:g}% to best of KL/chi2/CVaR ({label})", metric=metric,
-            measured=g / b, threshold=cfg.margin, direction="<=", baseline_arm=best, method_arm="gcdro",
-            margin=cfg.margin, paper_value="GCDRO beats DRO (no number)",
-            detail=(f"non-inferiority: gcdro/{best} = {g:.4g}/{b:.4g} = {g / b:.4g} <= {cfg.margin:g}; "
+            method_arm="gcdro", baseline_arm=best, direction="<=", threshold=float(np.log(cfg.margin)),
+            log_ratio=True, kind="claim", paper_value="GCDRO beats DRO (no number)",
+            detail=(f"non-inferiority: paired per-seed log(gcdro/{best}) against log {cfg.margin:g}; ratio of "
+                    f"means {g:.4g}/{b:.4g} = {g / b:.4g}; "
                     f"erm={e:.4g}, gcdro/erm = {g / e:.4g} ({'better' if g < e else 'not better'} than ERM)")))
     frac = cfg.noise_frac
     gm = s["gcdro"]["c1_noisy_mass"]["mean"]
+    # C1 as measured here is a property of GCDRO's worst-case distribution at its own strength (uniform weights
+    # pass the first check too), not a matched-strength comparison with the baselines: mechanisms
     checks.append(ClaimCheck(name="C1: GCDRO worst-case mass on noisy points <= 2x uniform share",
                              metric="c1_noisy_mass", measured=gm, threshold=2 * frac, direction="<=",
-                             method_arm="gcdro", paper_value="qualitative (no number)",
+                             kind="mechanism", method_arm="gcdro", paper_value="qualitative (no number)",
                              detail=f"gcdro noisy mass={gm:.4g}, uniform share={frac:g}"))
     # the noisy-mass check alone cannot separate GCDRO from "no reweighting" (uniform q passes it); the flow
     # must also have moved mass onto the clean high-loss region (notes §2.3: "98 % bump")
@@ -242,14 +245,15 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     gtv = s["gcdro"]["c1_tv_from_uniform"]["mean"]
     checks.append(ClaimCheck(name="C1: GCDRO moves mass onto the clean high-loss region (>= 1.5x its uniform share)",
                              metric="c1_bump_mass_ratio", measured=gb, threshold=1.5, direction=">=",
-                             method_arm="gcdro", paper_value="qualitative (notes: 98% on the bump)",
+                             kind="mechanism", method_arm="gcdro", paper_value="qualitative (notes: 98% on the bump)",
                              detail=(f"bump = clean points with ERM loss >= 0.9-quantile of clean losses; "
                                      f"gcdro mass(bump)/uniform share={gb:.4g} (erm={eb:.4g}); "
                                      f"gcdro TV distance from uniform={gtv:.4g}")))
     bm = {a: s[a]["c1_noisy_mass"]["mean"] for a in BASELINES}
+    # the regime GCDRO addresses: the plain DRO sets are over-pessimistic on the noisy points here
     checks.append(ClaimCheck(name="C1: KL/chi2/CVaR put most worst-case mass on noisy points",
                              metric="c1_noisy_mass", measured=min(bm.values()), threshold=0.5, direction=">=",
-                             baseline_arm=min(bm, key=bm.get), paper_value="qualitative (no number)",
+                             kind="sanity", baseline_arm=min(bm, key=bm.get), paper_value="qualitative (no number)",
                              detail=", ".join(f"{a}={v:.4g}" for a, v in bm.items())))
 
     artifacts = [_plot_weights(cfg, c1_example, out_dir / "worst_case_weights.png"),

@@ -340,12 +340,13 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         rec.add_seed(seed, metrics)
     s = rec.summary()
     checks: list[ClaimCheck] = [
-        compare_arms(s, name="MoLA-Grad >= HPS + 1 point (mean accuracy over domains)", metric="mean_acc",
-                     baseline_arm="hps", method_arm="mola_grad", direction=">=", margin=1.0, kind="difference",
-                     paper_value="MoLA-Grad > HPS on VLCS/OfficeHome/MedMNIST (direction only)"),
+        rec.paired(name="MoLA-Grad >= HPS + 1 point (mean accuracy over domains)", metric="mean_acc",
+                   method_arm="mola_grad", baseline_arm="hps", direction=">=", threshold=1.0, kind="claim",
+                   paper_value="MoLA-Grad > HPS on VLCS/OfficeHome/MedMNIST (direction only)"),
+        # TwD's loss optimises this separation directly: a property of the method, not a comparison with HPS
         compare_arms(s, name="TwD makes gates task-separable (+0.1 nearest-centroid domain acc)",
                      metric="gate_task_acc", baseline_arm="mola_router", method_arm="mola_router_twd",
-                     direction=">=", margin=0.1, kind="difference",
+                     direction=">=", margin=0.1, kind="difference", check_kind="mechanism",
                      paper_value="TwD router weights cluster by task (qualitative figure)"),
     ]
     arts = [_plot_accuracy(s, out_dir / "per_domain_accuracy.png")]

@@ -259,42 +259,51 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     qann_acc = col("vit_qann", "acc")
     plateau_gap = max(col("vit_snn", "plateau_gap"))
     quiet = col("vit_snn", "quiescent_step")
+    # Exactness is the method's mechanism; agreement, accuracy, plateau and quiescence follow from it; the
+    # ablations are negative controls the exactness check must reject. No comparison with another converter is
+    # run here, so there is no claim.
     checks = [
         ClaimCheck(name="snn_logits_equal_qann_fp64", metric="max_abs_diff",
                    measured=max(col("vit_snn", "max_abs_diff")), threshold=1e-9, direction="<=",
+                   kind="mechanism",
                    baseline_arm="vit_qann", method_arm="vit_snn", paper_value="exact equivalence",
                    detail="max over seeds and test samples of |sum_t SNN_t - QANN| (float64)"),
         ClaimCheck(name="prediction_agreement_100pct", metric="agreement",
-                   measured=min(col("vit_snn", "agreement")), threshold=1.0, direction=">=",
+                   measured=min(col("vit_snn", "agreement")), threshold=1.0, direction=">=", kind="mechanism",
                    baseline_arm="vit_qann", method_arm="vit_snn", paper_value="exact equivalence",
                    detail="min over seeds of the fraction of test samples with argmax SNN == argmax QANN"),
         compare_arms(s, name="identical_accuracy", metric="acc", baseline_arm="vit_qann", method_arm="vit_snn",
-                     direction="==", margin=0.0, kind="difference",
+                     direction="==", margin=0.0, kind="difference", check_kind="mechanism",
                      paper_value="ViT-L QANN 83.86 vs SNN 83.82 (ImageNet)"),
         ClaimCheck(name="curve_plateaus_at_qann_acc", metric="plateau_gap", measured=plateau_gap, threshold=0.0,
-                   direction="<=", baseline_arm="vit_qann", method_arm="vit_snn",
+                   direction="<=", kind="mechanism", baseline_arm="vit_qann", method_arm="vit_snn",
                    paper_value="acc@64 = 83.84 ~ QANN 83.86 (repo log, ViT-L)",
                    detail=f"simulation NOT stopped at quiescence: max over seeds and T in [quiescence step + 1, "
                           f"+ {cfg.plateau_window}] of |acc(T) - acc(QANN)| (points); the first T from which acc "
                           f"stays at the QANN's is reported as vit_snn plateau_step"),
         ClaimCheck(name="quiescent_before_cap", metric="quiescent_step",
                    measured=max(quiet) if all(np.isfinite(quiet)) else float("inf"), threshold=cfg.max_steps - 1,
-                   direction="<=", method_arm="vit_snn", detail="largest batch quiescence step over seeds"),
+                   direction="<=", kind="mechanism", method_arm="vit_snn",
+                   detail="largest batch quiescence step over seeds"),
         ClaimCheck(name="no_negative_spikes_loses_agreement", metric="agreement",
                    measured=s["vit_no_negative"]["agreement"]["mean"], threshold=0.995, direction="<=",
+                   kind="sanity",
                    baseline_arm="vit_qann", method_arm="vit_no_negative",
                    detail="mean agreement with the QANN must drop to <= 99.5%"),
         ClaimCheck(name="no_half_init_loses_agreement", metric="agreement",
                    measured=s["vit_no_half_init"]["agreement"]["mean"], threshold=0.995, direction="<=",
+                   kind="sanity",
                    baseline_arm="vit_qann", method_arm="vit_no_half_init",
                    detail="mean agreement with the QANN must drop to <= 99.5%"),
         ClaimCheck(name="fp32_agreement", metric="agreement", measured=s["vit_snn_fp32"]["agreement"]["mean"],
-                   threshold=0.995, direction=">=", baseline_arm="vit_qann", method_arm="vit_snn_fp32",
+                   threshold=0.995, direction=">=", kind="mechanism", baseline_arm="vit_qann",
+                   method_arm="vit_snn_fp32",
                    paper_value="notes §5: >= 99.5% in fp32 (near-tie flips)"),
     ]
     if cfg.text_task:
         checks.append(ClaimCheck(name="text_snn_logits_equal_qann_fp64", metric="max_abs_diff",
                                  measured=max(col("text_snn", "max_abs_diff")), threshold=1e-9, direction="<=",
+                                 kind="mechanism",
                                  baseline_arm="text_qann", method_arm="text_snn",
                                  paper_value="SST-2 93.79 (RoBERTa SNN)",
                                  detail="BERT-style encoder with padding mask, synthetic task, float64"))
