@@ -115,7 +115,7 @@ def test_integer_bounds():
     assert str(e.value) == "L: k must be an int >= 1, got 0"
     with _raises(ValueError, "L", "k") as e:
         v.integer("L", "k", 9, minimum=1, maximum=8)
-    assert ">= 1 <= 8" in str(e.value)
+    assert "an int in [1, 8]" in str(e.value)
     with _raises(ValueError, "L", "k"):
         v.integer("L", "k", -1, maximum=-2)
 
@@ -157,3 +157,37 @@ def test_same_length():
 def test_rules_return_plain_python_types():
     assert isinstance(v.finite("o", "n", np.float32(1.5)), float)
     assert not math.isnan(v.in_range("o", "n", np.float64(0.0), 0, 1))
+
+
+def test_privacy_budget():
+    assert v.privacy_budget("DP", 1, 1e-5) == (1.0, 1e-5)
+    assert v.privacy_budget("DP", np.float64(0.5)) == (0.5, None)
+    for eps in (0.0, -1.0, NAN, INF):
+        with _raises(ValueError, "DP", "epsilon"):
+            v.privacy_budget("DP", eps, 1e-5)
+    for delta in (0.0, 1.0, -0.1, NAN):
+        with _raises(ValueError, "DP", "delta"):
+            v.privacy_budget("DP", 1.0, delta)
+    with _raises(TypeError, "DP", "target_delta"):
+        v.privacy_budget("DP", 1.0, True, delta_name="target_delta")
+
+
+def test_wrong_types_are_type_and_value_errors():
+    for call in (lambda: v.positive("O", "a", "1"), lambda: v.integer("O", "a", 1.0),
+                 lambda: v.tensor("O", "a", [1.0]), lambda: v.tensor("O", "a", torch.zeros(1), dtype=torch.long)):
+        with pytest.raises(v.ArgumentTypeError) as e:
+            call()
+        assert isinstance(e.value, TypeError) and isinstance(e.value, ValueError)
+
+
+def test_each():
+    assert v.each("Config", "lrs", [0.1, np.float32(1.0)], v.positive) == (0.1, 1.0)
+    assert v.each("Config", "ks", (1, 2), v.integer, minimum=1) == (1, 2)
+    assert v.each("Config", "b", (0.0, 1.0), v.in_range, 0.0, 1.0) == (0.0, 1.0)
+    for bad in ((), [], "ab", None, 3):
+        with _raises(ValueError, "Config", "lrs"):
+            v.each("Config", "lrs", bad, v.positive)
+    with _raises(ValueError, "Config", "lrs[1]"):
+        v.each("Config", "lrs", (0.1, 0.0), v.positive)
+    with _raises(ValueError, "Config", "b[0]"):
+        v.each("Config", "b", (1.5,), v.in_range, 0.0, 1.0, high_open=True)
