@@ -191,3 +191,17 @@ def test_each():
         v.each("Config", "lrs", (0.1, 0.0), v.positive)
     with _raises(ValueError, "Config", "b[0]"):
         v.each("Config", "b", (1.5,), v.in_range, 0.0, 1.0, high_open=True)
+
+
+def test_at_least():
+    assert v.at_least("Opt", "ratio", 1, 1.0) == 1.0
+    assert v.at_least("Opt", "ratio", np.float64(16.0), 1.0, strict=True) == 16.0
+    with _raises(ValueError, "Opt", "ratio") as e:
+        v.at_least("Opt", "ratio", 1.0, 1.0, strict=True)
+    assert "> 1" in str(e.value)
+    for bad in (0.5, NAN, INF):
+        with _raises(ValueError, "Opt", "ratio") as e:
+            v.at_least("Opt", "ratio", bad, 1.0)
+        assert "a finite number >= 1" in str(e.value)
+    with _raises(TypeError, "Opt", "ratio"):
+        v.at_least("Opt", "ratio", "2", 1.0)

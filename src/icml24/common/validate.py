@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 __all__ = ["ArgumentTypeError", "finite", "positive", "non_negative", "in_range", "probability", "integer",
-           "one_of", "tensor", "same_length", "privacy_budget", "each"]
+           "one_of", "tensor", "same_length", "privacy_budget", "each", "at_least"]
 
 
 class ArgumentTypeError(TypeError, ValueError):
@@ -68,6 +68,15 @@ def non_negative(owner: str, name: str, x: Any) -> float:
     v = _real(owner, name, x, "a finite number >= 0")
     if not (math.isfinite(v) and v >= 0):
         raise ValueError(f"{owner}: {name} must be a finite number >= 0, got {x!r}")
+    return v
+
+
+def at_least(owner: str, name: str, x: Any, low: float, *, strict: bool = False) -> float:
+    """A finite number >= ``low`` (> ``low`` when ``strict``), e.g. a ratio >= 1."""
+    what = f"a finite number {'>' if strict else '>='} {low:g}"
+    v = _real(owner, name, x, what)
+    if not (math.isfinite(v) and (v > low if strict else v >= low)):
+        raise ValueError(f"{owner}: {name} must be {what}, got {x!r}")
     return v
 
 
