@@ -105,7 +105,7 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        w = "dp_public Config"
+        w = "Config"
         for name in ("me_dim", "me_n", "me_trials", "ldp_n", "ldp_trials", "lin_dim", "lin_n_pub", "lin_steps",
                      "lin_n_val", "lin_n_test", "dig_steps", "dig_batch"):
             val.integer(w, name, getattr(self, name), minimum=1)

@@ -72,7 +72,7 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        w = "exp_sgdm Config"
+        w = "Config"
         val.each(w, "datasets", self.datasets, val.one_of, _DATASETS)
         val.each(w, "hidden", self.hidden, val.integer, minimum=1)
         for name in ("epochs", "batch_size", "synth_dim", "synth_mc"):

@@ -66,7 +66,7 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        w = "gcdro Config"
+        w = "Config"
         for name in ("n_train", "n_val", "n_test", "max_iter", "c1_steps"):
             val.integer(w, name, getattr(self, name), minimum=1)
         val.integer(w, "n_neighbors", self.n_neighbors, minimum=1, maximum=self.n_train - 1)

@@ -106,7 +106,7 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        w = "iffn Config"
+        w = "Config"
         val.each(w, "toy_targets", self.toy_targets, val.one_of, TOY_TARGETS)
         val.each(w, "toy_hidden", self.toy_hidden, val.integer, minimum=2)
         if any(h % 2 for h in self.toy_hidden):

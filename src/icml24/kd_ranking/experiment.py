@@ -85,7 +85,7 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        w = "kd_ranking Config"
+        w = "Config"
         for name in ("n_super", "n_sub", "dim", "n_train", "n_val", "n_test", "teacher_epochs", "student_epochs",
                      "batch_size", "n_bins", "early_width"):
             val.integer(w, name, getattr(self, name), minimum=1)

@@ -50,7 +50,7 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        w = "loraplus Config"
+        w = "Config"
         v.each(w, "widths", self.widths, v.integer, minimum=1)
         if len(self.widths) < 2 or list(self.widths) != sorted(set(self.widths)):
             raise ValueError(f"{w}: widths must be >= 2 increasing positive ints, got {self.widths}")

@@ -68,7 +68,7 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        w = "mola Config"
+        w = "Config"
         for name in ("epochs", "hidden", "rank", "router_experts", "router_hidden"):
             v.integer(w, name, getattr(self, name), minimum=1)
         v.integer(w, "embed_dim", self.embed_dim, minimum=0)

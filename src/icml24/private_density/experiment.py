@@ -76,7 +76,7 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        w = "private_density Config"
+        w = "Config"
         val.each(w, "dims", self.dims, val.one_of, (1, 2, 3))
         val.each(w, "betas", self.betas, val.positive)
         val.each(w, "n_grid", self.n_grid, val.integer, minimum=2)

@@ -61,7 +61,7 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        w = "spikezip_tf Config"
+        w = "Config"
         for k in ("embed_dim", "depth", "num_heads", "batch_size", "max_steps", "text_len"):
             val.integer(w, k, getattr(self, k), minimum=1)
         for k in ("ann_epochs", "qat_epochs", "n_test", "text_epochs", "plateau_window"):
