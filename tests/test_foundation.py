@@ -66,7 +66,7 @@ def test_show(capsys):
     (["run", "loraplus", "--quick", "--set", "bogus=1"], "unknown config key 'bogus'; valid keys:"),
     (["run", "loraplus", "--quick", "--set", "steps=abc"], "cannot set steps='abc'"),
     (["run", "loraplus", "--quick", "--set", "steps"], "--set expects KEY=VALUE"),
-    (["run", "loraplus", "--quick", "--set", "steps=0"], "steps must be >= 1"),
+    (["run", "loraplus", "--quick", "--set", "steps=0"], "steps must be an int >= 1"),
     (["run", "loraplus", "--quick", "--out", "results"], "quick runs never write into results/"),
     (["frobnicate"], "invalid choice"),
     (["run", "loraplus", "--quick", "--device", "tpu"], "device must be cpu, cuda[:N] or mps"),

@@ -32,7 +32,7 @@ def test_tiny_vit_shapes_and_bad_input():
     assert model(torch.rand(3, 1, 8, 8)).shape == (3, 7)
     with pytest.raises(ValueError, match=r"expected input of shape \(B, 1, 8, 8\)"):
         model(torch.rand(3, 1, 9, 9))
-    with pytest.raises(ValueError, match="depth must be >= 1"):
+    with pytest.raises(ValueError, match="depth must be an int >= 1"):
         TinyViT(depth=0)
     with pytest.raises(ValueError, match="divisible by num_heads"):
         TinyViT(embed_dim=10, num_heads=4)
@@ -40,5 +40,5 @@ def test_tiny_vit_shapes_and_bad_input():
 
 def test_mlp_widths():
     assert MLP(in_features=4, hidden=[8], out_features=2)(torch.randn(5, 4)).shape == (5, 2)
-    with pytest.raises(ValueError, match="every width must be >= 1"):
+    with pytest.raises(ValueError, match=r"hidden\[0\] must be an int >= 1"):
         MLP(in_features=4, hidden=[0], out_features=2)

@@ -67,9 +67,9 @@ def test_identity_gap_with_degenerate_scaling_has_signed_z():
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"c": float("nan")}, "c must be finite"),
-    ({"c": float("inf")}, "c must be finite"),
-    ({"c": 0.0}, "c must be finite and > 0"),
+    ({"c": float("nan")}, "c must be a finite number > 0"),
+    ({"c": float("inf")}, "c must be a finite number > 0"),
+    ({"c": 0.0}, "c must be a finite number > 0"),
     ({"sigmas": (0.0, float("nan"))}, "sigmas"),
     ({"sigmas": (float("inf"),)}, "sigmas"),
     ({"sigmas": (-0.1,)}, "sigmas"),
@@ -326,13 +326,13 @@ def test_loss_decreases_on_a_seeded_problem():
 
 # ---------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kw, exc, match", [
-    ({"lr": 0.0}, ValueError, "lr must be > 0"),
-    ({"lr": -1.0}, ValueError, "lr must be > 0"),
-    ({"lr": float("nan")}, ValueError, "lr must be finite"),
-    ({"lr": "0.1"}, TypeError, "lr must be a real number"),
+    ({"lr": 0.0}, ValueError, "lr must be a finite number > 0"),
+    ({"lr": -1.0}, ValueError, "lr must be a finite number > 0"),
+    ({"lr": float("nan")}, ValueError, "lr must be a finite number > 0"),
+    ({"lr": "0.1"}, TypeError, "lr must be a finite number > 0, got str"),
     ({"lr": 0.1, "momentum": 1.0}, ValueError, r"momentum must be in \[0, 1\)"),
     ({"lr": 0.1, "momentum": -0.1}, ValueError, r"momentum must be in \[0, 1\)"),
-    ({"lr": 0.1, "weight_decay": -1e-4}, ValueError, "weight_decay must be >= 0"),
+    ({"lr": 0.1, "weight_decay": -1e-4}, ValueError, "weight_decay must be a finite number >= 0"),
     ({"lr": 0.1, "random_scaling": "uniform"}, ValueError, "random_scaling must be"),
     ({"lr": 0.1, "generator": 3}, TypeError, "generator must be a torch.Generator"),
     ({"lr": 0.1, "ema_beta": 1.0}, ValueError, r"ema_beta must be in \[0, 1\)"),
@@ -348,7 +348,7 @@ def test_bad_group_and_missing_ema():
     with pytest.raises(ValueError, match="momentum must be in"):
         ExpSGDM([{"params": [w]}, {"params": [v], "momentum": 1.5}], lr=0.1)
     opt = ExpSGDM([w], lr=0.1)
-    with pytest.raises(ValueError, match="lr must be > 0"):
+    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
         opt.add_param_group({"params": [v], "lr": -1})
     assert len(opt.param_groups) == 1
     with pytest.raises(RuntimeError, match="needs ema_beta"):

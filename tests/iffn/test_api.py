@@ -250,15 +250,15 @@ def test_cuda_device():
 
 # ------------------------------------------------------------------------------------------ errors
 @pytest.mark.parametrize("kwargs,exc,match", [
-    ({"hidden_ratio": 0.0}, ValueError, "hidden_ratio must be > 0"),
-    ({"hidden_ratio": -1.0}, ValueError, "hidden_ratio must be > 0"),
-    ({"hidden_ratio": float("nan")}, ValueError, "hidden_ratio must be > 0"),
-    ({"hidden_ratio": "1"}, TypeError, "hidden_ratio must be a float"),
-    ({"n_instances": 0}, ValueError, "n_instances must be >= 1"),
-    ({"n_instances": 2.0}, TypeError, "n_instances must be an int"),
+    ({"hidden_ratio": 0.0}, ValueError, "hidden_ratio must be a finite number > 0"),
+    ({"hidden_ratio": -1.0}, ValueError, "hidden_ratio must be a finite number > 0"),
+    ({"hidden_ratio": float("nan")}, ValueError, "hidden_ratio must be a finite number > 0"),
+    ({"hidden_ratio": "1"}, TypeError, "hidden_ratio must be a finite number > 0, got str"),
+    ({"n_instances": 0}, ValueError, "n_instances must be an int >= 1"),
+    ({"n_instances": 2.0}, TypeError, "n_instances must be an int >= 1, got float"),
     ({"kernel_size": 4}, ValueError, "kernel_size must be odd"),
-    ({"kernel_size": 0}, ValueError, "kernel_size must be >= 1"),
-    ({"num_prefix_tokens": -1}, ValueError, "num_prefix_tokens must be >= 0"),
+    ({"kernel_size": 0}, ValueError, "kernel_size must be an int >= 1"),
+    ({"num_prefix_tokens": -1}, ValueError, "num_prefix_tokens must be an int >= 0"),
     ({"spatial_merge": "sum"}, ValueError, "spatial_merge"),
     ({"spatial_norm": "ln"}, ValueError, "spatial_norm"),
     ({"agelu_init": "zero"}, ValueError, "init must be"),
@@ -284,7 +284,7 @@ def test_forward_errors():
         m(torch.randn(17, 8))
     with pytest.raises(ValueError, match="last dimension 5"):
         AGeLU(5)(torch.randn(3, 4))
-    with pytest.raises(ValueError, match="num_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="num_tokens must be an int >= 1"):
         m.flops(batch_size=1, num_tokens=0)
     assert IFFN(8, spatial=False)(torch.randn(5, 8)).shape == (5, 8)  # no grid needed without the branch
 

@@ -175,11 +175,11 @@ def test_toy_width_scaling_law():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"loraplus_lr_ratio": 0.5}, "loraplus_lr_ratio must be >= 1"),
+    ({"loraplus_lr_ratio": 0.5}, "loraplus_lr_ratio must be a finite number >= 1"),
     ({"loraplus_lr_ratio": float("inf")}, "loraplus_lr_ratio must be a finite number"),
-    ({"lr": 0.0}, "lr must be > 0"),
-    ({"lr": -1e-3}, "lr must be > 0"),
-    ({"loraplus_weight_decay": -0.1}, "weight_decay must be >= 0"),
+    ({"lr": 0.0}, "lr must be a finite number > 0"),
+    ({"lr": -1e-3}, "lr must be a finite number > 0"),
+    ({"loraplus_weight_decay": -0.1}, "weight_decay must be a finite number >= 0"),
 ])
 def test_bad_optimizer_arguments(kwargs, match):
     model = apply_lora(Tiny(), target_modules=["q_proj"], r=2)
@@ -196,7 +196,7 @@ def test_model_without_lora_is_rejected():
 @pytest.mark.parametrize("kwargs, match", [
     ({"target_modules": ["k_proj"], "r": 2}, "match no nn.Linear"),
     ({"target_modules": ["embed"], "r": 2}, "match no nn.Linear"),
-    ({"target_modules": ["q_proj"], "r": 0}, "r must be a positive int"),
+    ({"target_modules": ["q_proj"], "r": 0}, "r must be an int >= 1"),
     ({"target_modules": [], "r": 2}, "target_modules is empty"),
 ])
 def test_bad_apply_lora_arguments(kwargs, match):
@@ -205,7 +205,7 @@ def test_bad_apply_lora_arguments(kwargs, match):
 
 
 def test_bad_layer_arguments():
-    with pytest.raises(ValueError, match="init must be 'A' or 'B'"):
+    with pytest.raises(ValueError, match="init must be one of 'A', 'B'"):
         LoRALinear(nn.Linear(2, 2), r=1, init="C")
     with pytest.raises(TypeError, match="must be an nn.Linear"):
         LoRALinear(nn.Conv1d(2, 2, 1), r=1)

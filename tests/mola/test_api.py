@@ -233,8 +233,8 @@ def test_same_seed_same_numbers():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(num_experts=0), "num_experts must be >= 1, got 0"),
-    (dict(rank=0), "rank must be >= 1, got 0"),
+    (dict(num_experts=0), "num_experts must be an int >= 1, got 0"),
+    (dict(rank=0), "rank must be an int >= 1, got 0"),
     (dict(alpha=0.0), "alpha must be"),
     (dict(target_modules=["nope"]), "match no module"),
     (dict(target_modules=r"fc\d"), "match no module"),
@@ -274,9 +274,9 @@ def test_task_id_out_of_range_raises_before_compute():
 
 
 def test_layer_errors():
-    with pytest.raises(ValueError, match="num_experts must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="num_experts must be an int >= 1, got 0"):
         MoLALinear(nn.Linear(3, 3), num_experts=0, rank=1)
-    with pytest.raises(ValueError, match="rank must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="rank must be an int >= 1, got 0"):
         MoLAConv2d(nn.Conv2d(3, 3, 3), num_experts=2, rank=0)
     with pytest.raises(TypeError, match="needs an nn.Conv2d"):
         MoLAConv2d(nn.Linear(3, 3), num_experts=2, rank=1)

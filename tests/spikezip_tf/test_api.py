@@ -353,9 +353,9 @@ def test_error_non_relu_activation_names_path():
 
 
 def test_error_levels_below_two():
-    with pytest.raises(ValueError, match="level .* must be >= 2, got 1"):
+    with pytest.raises(ValueError, match="level .* must be an int >= 2, got 1"):
         quantize(tiny_vit(0), level=1)
-    with pytest.raises(ValueError, match="must be >= 2"):
+    with pytest.raises(ValueError, match="must be an int >= 2"):
         Quantizer(level=0, sym=True)
 
 
@@ -412,7 +412,7 @@ def test_error_mask_shape():
             qann(ids, mask=m)  # QAttention
         with pytest.raises(ValueError, match=msg):
             simulate(snn, ids, mask=m, max_steps=8)  # SpikingAttention
-    with pytest.raises(TypeError, match="level must be an int"):
+    with pytest.raises(TypeError, match=r"level \(quantization levels L\) must be an int"):
         quantize(tiny_vit(0), level=16.0)
 
 
@@ -420,7 +420,7 @@ def test_error_max_steps_and_other_bad_input():
     qann = quantize(tiny_vit(0), level=16)
     snn = convert(qann)
     x = torch.rand(2, 1, 8, 8)
-    with pytest.raises(ValueError, match="max_steps must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="max_steps must be an int >= 1, got 0"):
         simulate(snn, x, max_steps=0)
     with pytest.raises(TypeError, match="snn must be a SpikingModel"):
         simulate(qann, x, max_steps=8)

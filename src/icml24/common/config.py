@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from icml24.common import validate
+
 C = TypeVar("C", bound="ExperimentConfig")
 
 
@@ -30,18 +32,14 @@ class ExperimentConfig:
         "torch intra-op threads; 1 because the reproductions' tensors are small (0 keeps torch's default)"))
 
     def __post_init__(self) -> None:
-        if not self.seeds:
-            raise ValueError("seeds must name at least one seed")
-        if any((not isinstance(s, int)) or s < 0 for s in self.seeds):
-            raise ValueError(f"seeds must be non-negative ints, got {self.seeds!r}")
+        validate.each("Config", "seeds", self.seeds, validate.integer, minimum=0)
         if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct, got {self.seeds!r}")
+            raise ValueError(f"Config: seeds must be distinct, got {self.seeds!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps"):
             raise ValueError(f"device must be cpu, cuda[:N] or mps, got {self.device!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} requested but CUDA is not available here; use --device cpu")
-        if self.threads < 0:
-            raise ValueError(f"threads must be >= 0, got {self.threads}")
+        validate.integer("Config", "threads", self.threads, minimum=0)
 
     @classmethod
     def quick(cls: type[C]) -> C:

@@ -17,6 +17,8 @@ from sklearn import datasets
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
+from icml24.common import validate as v
+
 _LOADERS = {
     "digits": datasets.load_digits,
     "breast_cancer": datasets.load_breast_cancer,
@@ -55,8 +57,8 @@ def load_sklearn(name: Literal["digits", "breast_cancer", "iris", "wine"], *, se
     """
     if name not in _LOADERS:
         raise ValueError(f"unknown data set {name!r}; valid: {', '.join(_LOADERS)}")
-    if not 0.0 < test_size < 1.0:
-        raise ValueError(f"test_size must be in (0, 1), got {test_size}")
+    v.probability("load_sklearn", "test_size", test_size, open_low=True, open_high=True)
+    v.one_of("load_sklearn", "scale", scale, ("standard", "unit", "none"))
     x, y = _LOADERS[name](return_X_y=True)
     x = x.astype(np.float64)
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_size, random_state=seed, stratify=y)
@@ -66,8 +68,6 @@ def load_sklearn(name: Literal["digits", "breast_cancer", "iris", "wine"], *, se
     elif scale == "unit":
         m = np.abs(xtr).max()
         xtr, xte = xtr / m, xte / m
-    elif scale != "none":
-        raise ValueError(f"scale must be standard, unit or none, got {scale!r}")
     f = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
     g = lambda a: torch.as_tensor(a, dtype=torch.long)  # noqa: E731
     return Split(f(xtr), g(ytr), f(xte), g(yte), int(len(np.unique(y))))
@@ -115,12 +115,9 @@ def load_mnist1d(*, seed: int, val_fraction: float = 0.2, data_seed: int = 42, n
         A :class:`Split` (float32 features, int64 labels, 10 classes) with ``x_val``/``y_val`` when
         ``val_fraction > 0``. The global ``random``/``numpy`` RNG states are left as they were.
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"load_mnist1d: seed must be an int >= 0, got {seed!r}")
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"load_mnist1d: val_fraction must be in [0, 1), got {val_fraction}")
-    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 50:
-        raise ValueError(f"load_mnist1d: num_samples must be an int >= 50, got {num_samples!r}")
+    v.integer("load_mnist1d", "seed", seed, minimum=0)
+    v.in_range("load_mnist1d", "val_fraction", val_fraction, 0.0, 1.0, high_open=True)
+    v.integer("load_mnist1d", "num_samples", num_samples, minimum=50)
     xtr, ytr, xte, yte = _mnist1d_arrays(int(data_seed), int(num_samples))
     xva = yva = None
     if val_fraction > 0:

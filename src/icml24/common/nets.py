@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from icml24.common import validate
+
 __all__ = ["MLP", "Mlp", "Attention", "Block", "PatchEmbed", "TinyViT"]
 
 
@@ -29,9 +31,11 @@ class MLP(nn.Sequential):
 
     def __init__(self, *, in_features: int, hidden: Sequence[int], out_features: int,
                  act_layer: Callable[[], nn.Module] = nn.ReLU, bias: bool = True) -> None:
+        validate.integer("MLP", "in_features", in_features, minimum=1)
+        for i, h in enumerate(hidden):
+            validate.integer("MLP", f"hidden[{i}]", h, minimum=1)
+        validate.integer("MLP", "out_features", out_features, minimum=1)
         widths = [in_features, *hidden, out_features]
-        if any(w < 1 for w in widths):
-            raise ValueError(f"MLP: every width must be >= 1, got {widths}")
         layers: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
             layers.append(nn.Linear(a, b, bias=bias))
@@ -51,8 +55,9 @@ class ConvNet1D(nn.Module):
     def __init__(self, *, length: int = 40, in_channels: int = 1, channels: int = 25, num_classes: int = 10,
                  channels_last: bool = True) -> None:
         super().__init__()
-        if min(length, in_channels, channels, num_classes) < 1:
-            raise ValueError("ConvNet1D: length, in_channels, channels and num_classes must be >= 1")
+        for name, n in (("length", length), ("in_channels", in_channels), ("channels", channels),
+                        ("num_classes", num_classes)):
+            validate.integer("ConvNet1D", name, n, minimum=1)
         self.in_channels, self.channels_last = in_channels, channels_last
         self.features = nn.Sequential(
             nn.Conv1d(in_channels, channels, 5, stride=2, padding=1), nn.ReLU(),
@@ -182,10 +187,8 @@ class TinyViT(nn.Module):
                  norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
                  mlp_layer: Callable[..., nn.Module] = Mlp, drop: float = 0.0) -> None:
         super().__init__()
-        if depth < 1:
-            raise ValueError(f"TinyViT: depth must be >= 1, got {depth}")
-        if mlp_ratio <= 0:
-            raise ValueError(f"TinyViT: mlp_ratio must be > 0, got {mlp_ratio}")
+        validate.integer("TinyViT", "depth", depth, minimum=1)
+        validate.positive("TinyViT", "mlp_ratio", mlp_ratio)
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.randn(1, self.patch_embed.num_patches + 1, embed_dim) * 0.02)

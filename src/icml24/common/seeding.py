@@ -8,11 +8,12 @@ import random
 import numpy as np
 import torch
 
+from icml24.common import validate
+
 
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and PyTorch's global generators (all devices)."""
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    validate.integer("seed_everything", "seed", seed, minimum=0)
     os.environ["PYTHONHASHSEED"] = str(seed)
     random.seed(seed)
     np.random.seed(seed)

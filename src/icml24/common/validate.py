@@ -2,7 +2,8 @@
 
 Each function checks one public argument and returns it (converted where that is harmless, e.g. an int-valued
 numpy scalar to ``int``), or raises a ``ValueError``/``TypeError`` whose message names the owner and the
-argument: ``"mola: num_experts must be an int >= 1, got 0"``. They are for public parameters, shapes and dtypes
+argument: ``"mola: num_experts must be an int >= 1, got 0"``; a wrong type raises ``ArgumentTypeError``
+(both a ``TypeError`` and a ``ValueError``). They are for public parameters, shapes and dtypes
 only — never branch on a property of a private record (DESIGN.md § Code conventions).
 
 Usage::
@@ -23,8 +24,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["finite", "positive", "non_negative", "in_range", "probability", "integer", "one_of", "tensor",
-           "same_length"]
+__all__ = ["ArgumentTypeError", "finite", "positive", "non_negative", "in_range", "probability", "integer",
+           "one_of", "tensor", "same_length", "privacy_budget", "each", "at_least"]
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """A public argument of the wrong type. A ``TypeError``, and a ``ValueError`` too, so that callers catching
+    ``ValueError`` for any bad argument (as the hand-written checks these rules replace raised) keep working."""
 
 
 def _is_real(x: Any) -> bool:
@@ -37,7 +43,7 @@ def _is_real(x: Any) -> bool:
 
 def _real(owner: str, name: str, x: Any, what: str) -> float:
     if not _is_real(x):
-        raise TypeError(f"{owner}: {name} must be {what}, got {type(x).__name__} {x!r}")
+        raise ArgumentTypeError(f"{owner}: {name} must be {what}, got {type(x).__name__} {x!r}")
     return float(x)
 
 
@@ -65,6 +71,15 @@ def non_negative(owner: str, name: str, x: Any) -> float:
     return v
 
 
+def at_least(owner: str, name: str, x: Any, low: float, *, strict: bool = False) -> float:
+    """A finite number >= ``low`` (> ``low`` when ``strict``), e.g. a ratio >= 1."""
+    what = f"a finite number {'>' if strict else '>='} {low:g}"
+    v = _real(owner, name, x, what)
+    if not (math.isfinite(v) and (v > low if strict else v >= low)):
+        raise ValueError(f"{owner}: {name} must be {what}, got {x!r}")
+    return v
+
+
 def in_range(owner: str, name: str, x: Any, low: float, high: float, *, low_open: bool = False,
              high_open: bool = False) -> float:
     """A finite number in the interval from ``low`` to ``high`` (closed unless ``low_open``/``high_open``)."""
@@ -81,11 +96,23 @@ def probability(owner: str, name: str, x: Any, *, open_low: bool = False, open_h
     return in_range(owner, name, x, 0.0, 1.0, low_open=open_low, high_open=open_high)
 
 
+def privacy_budget(owner: str, epsilon: Any, delta: Any = None, *, epsilon_name: str = "epsilon",
+                   delta_name: str = "delta") -> tuple[float, float | None]:
+    """A differential-privacy budget: ε a finite number > 0 and, unless ``delta`` is None, δ in (0, 1)."""
+    eps = positive(owner, epsilon_name, epsilon)
+    if delta is None:
+        return eps, None
+    return eps, in_range(owner, delta_name, delta, 0.0, 1.0, low_open=True, high_open=True)
+
+
 def integer(owner: str, name: str, x: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """An integer (Python or numpy; not bool, not a float) within ``[minimum, maximum]``; returns ``int``."""
-    bound = (f" >= {minimum}" if minimum is not None else "") + (f" <= {maximum}" if maximum is not None else "")
+    if minimum is not None and maximum is not None:
+        bound = f" in [{minimum}, {maximum}]"
+    else:
+        bound = (f" >= {minimum}" if minimum is not None else "") + (f" <= {maximum}" if maximum is not None else "")
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"{owner}: {name} must be an int{bound}, got {type(x).__name__} {x!r}")
+        raise ArgumentTypeError(f"{owner}: {name} must be an int{bound}, got {type(x).__name__} {x!r}")
     v = int(x)
     if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
         raise ValueError(f"{owner}: {name} must be an int{bound}, got {x!r}")
@@ -103,7 +130,7 @@ def tensor(owner: str, name: str, x: Any, *, ndim: int | Sequence[int] | None = 
            dtype: torch.dtype | Sequence[torch.dtype] | None = None, floating: bool = False) -> torch.Tensor:
     """A ``torch.Tensor`` with the given number of dimensions / dtype (or any floating dtype)."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{owner}: {name} must be a torch.Tensor, got {type(x).__name__}")
+        raise ArgumentTypeError(f"{owner}: {name} must be a torch.Tensor, got {type(x).__name__}")
     if ndim is not None:
         dims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if x.dim() not in dims:
@@ -112,10 +139,21 @@ def tensor(owner: str, name: str, x: Any, *, ndim: int | Sequence[int] | None = 
     if dtype is not None:
         dts = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
         if x.dtype not in dts:
-            raise TypeError(f"{owner}: {name} must have dtype {' or '.join(map(str, dts))}, got {x.dtype}")
+            want = " or ".join(map(str, dts))
+            raise ArgumentTypeError(f"{owner}: {name} must have dtype {want}, got {x.dtype}")
     if floating and not x.is_floating_point():
-        raise TypeError(f"{owner}: {name} must be a floating-point tensor, got {x.dtype}")
+        raise ArgumentTypeError(f"{owner}: {name} must be a floating-point tensor, got {x.dtype}")
     return x
+
+
+def each(owner: str, name: str, xs: Any, rule: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    """A non-empty sequence (a grid) whose every element passes ``rule`` (named ``name[i]``); returns a tuple.
+
+    Example: ``v.each("Config", "lrs", lrs, v.positive)``; ``v.each("Config", "betas", b, v.in_range, 0.0, 1.0)``.
+    """
+    if isinstance(xs, (str, bytes)) or not isinstance(xs, Sequence) or len(xs) == 0:
+        raise ValueError(f"{owner}: {name} must be a non-empty sequence, got {xs!r}")
+    return tuple(rule(owner, f"{name}[{i}]", x, *args, **kwargs) for i, x in enumerate(xs))
 
 
 def same_length(owner: str, names: Sequence[str], *sizes: int) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig
 from icml24.common.config import help_text as _h
 from icml24.common.data import load_sklearn
@@ -104,51 +105,35 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("me_dim", "me_n", "me_trials", "ldp_dim", "ldp_n", "ldp_trials", "lin_dim", "lin_n_pub",
-                     "lin_steps", "lin_n_val", "lin_n_test", "dig_steps", "dig_batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.ldp_dim < 2:
-            raise ValueError(f"ldp_dim must be >= 2, got {self.ldp_dim}")
-        for name, n in (("me_n_pub", self.me_n), ("ldp_n_pub", self.ldp_n)):
-            grid = getattr(self, name)
-            if not grid or any(k < 2 or k >= n for k in grid):
-                raise ValueError(f"{name} must be non-empty with 2 <= n_pub < n={n}, got {grid}")
+        w = "Config"
+        for name in ("me_dim", "me_n", "me_trials", "ldp_n", "ldp_trials", "lin_dim", "lin_n_pub", "lin_steps",
+                     "lin_n_val", "lin_n_test", "dig_steps", "dig_batch"):
+            val.integer(w, name, getattr(self, name), minimum=1)
+        val.integer(w, "ldp_dim", self.ldp_dim, minimum=2)
+        val.each(w, "me_n_pub", self.me_n_pub, val.integer, minimum=2, maximum=self.me_n - 1)
+        val.each(w, "ldp_n_pub", self.ldp_n_pub, val.integer, minimum=2, maximum=self.ldp_n - 1)
         for name in ("me_epsilons", "ldp_epsilons", "dig_epsilons"):
-            grid = getattr(self, name)
-            if not grid or any((not math.isfinite(e)) or e <= 0 for e in grid):
-                raise ValueError(f"{name} must be non-empty with every ε > 0, got {grid}")
-        if self.lin_epsilon <= 0:
-            raise ValueError(f"lin_epsilon must be > 0, got {self.lin_epsilon}")
-        if not 0.0 < self.delta < 1.0:
-            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
-        if self.clip_norm <= 0:
-            raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
-        if self.mechanism not in ("analytic", "classic"):
-            raise ValueError(f"mechanism must be analytic or classic, got {self.mechanism!r}")
-        if self.mechanism == "classic" and max(self.me_epsilons) > 1:
-            raise ValueError("mechanism=classic needs every me_epsilons <= 1")
-        if self.me_mean_norm < 0 or self.me_radius <= 0 or self.me_mean_norm + self.me_radius > 1:
-            raise ValueError("me_mean_norm >= 0, me_radius > 0 and me_mean_norm + me_radius <= 1 are required")
-        if not 0.0 <= self.ldp_cos < 1.0:
-            raise ValueError(f"ldp_cos must be in [0, 1), got {self.ldp_cos}")
-        if self.crossover_ratio < 1:
-            raise ValueError(f"crossover_ratio must be >= 1, got {self.crossover_ratio}")
-        if not self.lin_ratios or any(not 0 < r < 1 for r in self.lin_ratios):
-            raise ValueError(f"lin_ratios must be in (0, 1), got {self.lin_ratios}")
+            val.each(w, name, getattr(self, name), val.positive)
+        val.privacy_budget(w, self.lin_epsilon, self.delta, epsilon_name="lin_epsilon")
+        val.positive(w, "clip_norm", self.clip_norm)
+        val.one_of(w, "mechanism", self.mechanism, ("analytic", "classic"))
+        if self.mechanism == "classic":
+            val.each(w, "me_epsilons (mechanism=classic)", self.me_epsilons, val.in_range, 0.0, 1.0, low_open=True)
+        val.non_negative(w, "me_mean_norm", self.me_mean_norm)
+        val.in_range(w, "me_radius", self.me_radius, 0.0, 1.0 - self.me_mean_norm, low_open=True)
+        val.in_range(w, "ldp_cos", self.ldp_cos, 0.0, 1.0, high_open=True)
+        val.in_range(w, "crossover_ratio", self.crossover_ratio, 1.0, math.inf)
+        val.each(w, "lin_ratios", self.lin_ratios, val.probability, open_low=True, open_high=True)
         if self.lin_n_pub <= self.lin_dim:
-            raise ValueError(f"lin_n_pub ({self.lin_n_pub}) must be > lin_dim ({self.lin_dim}) for least squares")
-        if not self.lin_betas or any(not 0.0 < b < 1.0 for b in self.lin_betas):
-            raise ValueError(f"lin_betas must be non-empty with every β in (0, 1) (β = 1 is private-only DP-GD, "
-                             f"β = 0 public-only), got {self.lin_betas}")
-        if not self.dig_betas or any(not 0.0 <= b <= 1.0 for b in self.dig_betas):
-            raise ValueError(f"dig_betas must be non-empty with every β in [0, 1], got {self.dig_betas}")
-        for name in ("lin_lrs", "dig_lrs"):
-            grid = getattr(self, name)
-            if not grid or any(lr <= 0 for lr in grid):
-                raise ValueError(f"{name} must be non-empty with every η > 0, got {grid}")
-        if not 0.0 < self.dig_public_frac < 1.0 or not 0.0 < self.dig_val_frac < 1.0:
-            raise ValueError("dig_public_frac and dig_val_frac must be in (0, 1)")
+            raise ValueError(f"{w}: lin_n_pub ({self.lin_n_pub}) must be > lin_dim ({self.lin_dim}) for least "
+                             "squares")
+        # β = 1 is private-only DP-GD, β = 0 public-only: the grid must mix both
+        val.each(w, "lin_betas", self.lin_betas, val.probability, open_low=True, open_high=True)
+        val.each(w, "dig_betas", self.dig_betas, val.probability)
+        val.each(w, "lin_lrs", self.lin_lrs, val.positive)
+        val.each(w, "dig_lrs", self.dig_lrs, val.positive)
+        val.probability(w, "dig_public_frac", self.dig_public_frac, open_low=True, open_high=True)
+        val.probability(w, "dig_val_frac", self.dig_val_frac, open_low=True, open_high=True)
 
     @classmethod
     def quick(cls) -> Config:

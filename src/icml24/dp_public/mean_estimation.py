@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from scipy import optimize, special
 
+from icml24.common import validate as val
+
 __all__ = [
     "gaussian_noise_std",
     "project_to_unit_ball",
@@ -50,25 +52,10 @@ _NORM_TOL = 1e-6
 
 
 # --------------------------------------------------------------------------------------------- validation
-def _check_eps_delta(epsilon: float, delta: float | None, where: str) -> None:
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
-        raise TypeError(f"{where}: epsilon must be a number, got {type(epsilon).__name__}")
-    if not math.isfinite(epsilon) or epsilon <= 0:
-        raise ValueError(f"{where}: epsilon must be a finite number > 0, got {epsilon}")
-    if delta is not None:
-        if isinstance(delta, bool) or not isinstance(delta, (int, float)):
-            raise TypeError(f"{where}: delta must be a number, got {type(delta).__name__}")
-        if not (0.0 < delta < 1.0):
-            raise ValueError(f"{where}: delta must be in (0, 1), got {delta}")
-
-
 def _check_tensor(x: torch.Tensor, name: str, where: str, *, min_rows: int = 1) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    val.tensor(where, name, x, floating=True)
     if x.dim() < 2:
         raise ValueError(f"{where}: {name} must have shape (..., n, d), got {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise TypeError(f"{where}: {name} must be a floating tensor, got {x.dtype}")
     if x.shape[-2] < min_rows:
         raise ValueError(f"{where}: {name} needs at least {min_rows} samples, got {x.shape[-2]}")
     if not torch.isfinite(x).all():
@@ -95,19 +82,9 @@ def _check_unit_ball(x: torch.Tensor, name: str, where: str) -> None:
                          f"it); max norm is {n:.4g}. Use project_to_unit_ball first.")
 
 
-def _check_weight(r: float, name: str, where: str) -> None:
-    if not isinstance(r, (int, float)) or isinstance(r, bool) or not math.isfinite(r) or not 0.0 <= r <= 1.0:
-        raise ValueError(f"{where}: {name} must be in [0, 1], got {r}")
-
-
-def _check_count(n: int, name: str, where: str, minimum: int = 1) -> None:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < minimum:
-        raise ValueError(f"{where}: {name} must be an int >= {minimum}, got {n!r}")
-
-
 def _check_v(v: float | None, where: str) -> None:
-    if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
-        raise ValueError(f"{where}: v must be a finite number >= 0 (or None to estimate it from x_pub), got {v}")
+    if v is not None:
+        val.non_negative(where, "v", v)
 
 
 # ------------------------------------------------------------------------------------------ central model
@@ -127,16 +104,14 @@ def gaussian_noise_std(*, sensitivity: float, epsilon: float, delta: float,
         σ such that adding N(0, σ² I) is (ε, δ)-DP.
     """
     where = "gaussian_noise_std"
-    _check_eps_delta(epsilon, delta, where)
-    if not isinstance(sensitivity, (int, float)) or not math.isfinite(sensitivity) or sensitivity <= 0:
-        raise ValueError(f"{where}: sensitivity must be a finite number > 0, got {sensitivity}")
+    val.privacy_budget(where, epsilon, delta)
+    val.positive(where, "sensitivity", sensitivity)
+    val.one_of(where, "mechanism", mechanism, ("analytic", "classic"))
     if mechanism == "classic":
         if epsilon > 1.0:
             raise ValueError(f"{where}: the classic Gaussian mechanism is only (ε, δ)-DP for epsilon <= 1, got "
                              f"{epsilon}; use mechanism='analytic'")
         return float(sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon)
-    if mechanism != "analytic":
-        raise ValueError(f"{where}: mechanism must be 'analytic' or 'classic', got {mechanism!r}")
 
     def log_delta_gap(log_s: float) -> float:
         s = math.exp(log_s)  # σ / Δ
@@ -154,8 +129,7 @@ def gaussian_noise_std(*, sensitivity: float, epsilon: float, delta: float,
 
 def project_to_unit_ball(x: torch.Tensor) -> torch.Tensor:
     """Rows of ``x`` (shape (..., d)) scaled to L2 norm <= 1 (identity inside the ball)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"project_to_unit_ball: x must be a torch.Tensor, got {type(x).__name__}")
+    val.tensor("project_to_unit_ball", "x", x)
     return x / x.norm(dim=-1, keepdim=True).clamp(min=1.0)
 
 
@@ -166,9 +140,8 @@ def central_variances(*, n_pub: int, n_priv: int, dim: int, v: float, epsilon: f
     Var_pub = v / n_pub, Var_priv = v / n_priv + d σ², σ = ``gaussian_noise_std`` with Δ2 = 2 / n_priv.
     """
     where = "central_variances"
-    _check_count(n_pub, "n_pub", where)
-    _check_count(n_priv, "n_priv", where)
-    _check_count(dim, "dim", where)
+    for name, n in (("n_pub", n_pub), ("n_priv", n_priv), ("dim", dim)):
+        val.integer(where, name, n, minimum=1)
     _check_v(v, where)
     sigma = gaussian_noise_std(sensitivity=2.0 / n_priv, epsilon=epsilon, delta=delta, mechanism=mechanism)
     return v / n_pub, v / n_priv + dim * sigma**2
@@ -176,8 +149,8 @@ def central_variances(*, n_pub: int, n_priv: int, dim: int, v: float, epsilon: f
 
 def optimal_public_weight(*, var_pub: float, var_priv: float) -> float:
     """r* = Var_priv / (Var_pub + Var_priv), the minimiser of r² Var_pub + (1 − r)² Var_priv."""
-    if var_pub < 0 or var_priv < 0 or not math.isfinite(var_pub) or not math.isfinite(var_priv):
-        raise ValueError(f"optimal_public_weight: variances must be finite and >= 0, got {var_pub}, {var_priv}")
+    val.non_negative("optimal_public_weight", "var_pub", var_pub)
+    val.non_negative("optimal_public_weight", "var_priv", var_priv)
     if var_pub + var_priv == 0:
         return 0.5
     return float(var_priv / (var_pub + var_priv))
@@ -196,6 +169,7 @@ def central_mse(*, estimator: Literal["throw_away", "treat_as_private", "private
         r: public weight in [0, 1] for ``weighted``.
     """
     where = "central_mse"
+    val.one_of(where, "estimator", estimator, ("throw_away", "treat_as_private", "private_only", "weighted"))
     var_pub, var_priv = central_variances(n_pub=n_pub, n_priv=n_priv, dim=dim, v=v, epsilon=epsilon,
                                           delta=delta, mechanism=mechanism)
     if estimator == "throw_away":
@@ -206,12 +180,10 @@ def central_mse(*, estimator: Literal["throw_away", "treat_as_private", "private
         n = n_pub + n_priv
         s = gaussian_noise_std(sensitivity=2.0 / n, epsilon=epsilon, delta=delta, mechanism=mechanism)
         return v / n + dim * s**2
-    if estimator == "weighted":
-        if r is None:
-            r = optimal_public_weight(var_pub=var_pub, var_priv=var_priv)
-        _check_weight(r, "r", where)
-        return r**2 * var_pub + (1 - r) ** 2 * var_priv
-    raise ValueError(f"{where}: unknown estimator {estimator!r}")
+    if r is None:
+        r = optimal_public_weight(var_pub=var_pub, var_priv=var_priv)
+    val.probability(where, "r", r)
+    return r**2 * var_pub + (1 - r) ** 2 * var_priv
 
 
 def throw_away_mean(x_pub: torch.Tensor) -> torch.Tensor:
@@ -245,7 +217,7 @@ def treat_as_private_mean(x_priv: torch.Tensor, x_pub: torch.Tensor, *, epsilon:
         generator: torch generator for the noise (on the device of the inputs).
     """
     where = "treat_as_private_mean"
-    _check_eps_delta(epsilon, delta, where)
+    val.privacy_budget(where, epsilon, delta)
     _check_pair(x_priv, x_pub, where)
     _check_unit_ball(x_priv, "x_priv", where)
     _check_unit_ball(x_pub, "x_pub", where)
@@ -262,7 +234,7 @@ def private_only_mean(x_priv: torch.Tensor, *, epsilon: float, delta: float, mec
     Privacy: (ε, δ)-DP w.r.t. X_priv (replace-one) if every private row has L2 norm <= 1 (checked).
     """
     where = "private_only_mean"
-    _check_eps_delta(epsilon, delta, where)
+    val.privacy_budget(where, epsilon, delta)
     _check_tensor(x_priv, "x_priv", where)
     _check_unit_ball(x_priv, "x_priv", where)
     x_priv = project_to_unit_ball(x_priv)  # makes Δ2 = 2/n_priv exact despite the check's 1e-6 tolerance
@@ -302,11 +274,11 @@ def weighted_mean(x_priv: torch.Tensor, x_pub: torch.Tensor, *, epsilon: float, 
         (mu_hat of shape (..., d), r of shape (...)).
     """
     where = "weighted_mean"
-    _check_eps_delta(epsilon, delta, where)
+    val.privacy_budget(where, epsilon, delta)
     _check_pair(x_priv, x_pub, where)
     _check_v(v, where)
     if r is not None:
-        _check_weight(r, "r", where)
+        val.probability(where, "r", r)
     _check_unit_ball(x_priv, "x_priv", where)
     x_priv = project_to_unit_ball(x_priv)  # makes Δ2 = 2/n_priv exact despite the check's 1e-6 tolerance
     n_pub, n_priv, d = x_pub.shape[-2], x_priv.shape[-2], x_pub.shape[-1]
@@ -368,7 +340,7 @@ def privunitg_params(*, epsilon: float, p_grid: tuple[float, ...] | None = None)
     p (1 − q) / (q (1 − p)) = e^ε, the density-ratio bound that makes the randomizer ε-LDP.
     """
     where = "privunitg_params"
-    _check_eps_delta(epsilon, None, where)
+    val.positive(where, "epsilon", epsilon)
     grid = p_grid if p_grid is not None else tuple(np.round(np.arange(1, 100) / 100.0, 2))
     best: PrivUnitGParams | None = None
     for p in grid:
@@ -402,9 +374,8 @@ def privunitg(x: torch.Tensor, *, epsilon: float, generator: torch.Generator | N
         params: precomputed :func:`privunitg_params` for this ε (optional).
     """
     where = "privunitg"
-    _check_eps_delta(epsilon, None, where)
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"{where}: x must be a floating torch.Tensor")
+    val.positive(where, "epsilon", epsilon)
+    val.tensor(where, "x", x, floating=True)
     if x.dim() < 1 or x.shape[-1] < 2:
         raise ValueError(f"{where}: x must have shape (..., d) with d >= 2, got {tuple(x.shape)}")
     if not torch.isfinite(x).all():
@@ -436,9 +407,8 @@ def privunitg(x: torch.Tensor, *, epsilon: float, generator: torch.Generator | N
 
 def privunitg_mse(*, dim: int, epsilon: float, input_norm: float = 1.0) -> float:
     """E||z − x||² of :func:`privunitg` for an input of norm ``input_norm``: σ_G² (d − 1 + E t²) − ||x||²."""
-    _check_count(dim, "dim", "privunitg_mse", minimum=2)
-    if not 0.0 <= input_norm <= 1.0:
-        raise ValueError(f"privunitg_mse: input_norm must be in [0, 1], got {input_norm}")
+    val.integer("privunitg_mse", "dim", dim, minimum=2)
+    val.probability("privunitg_mse", "input_norm", input_norm)
     prm = privunitg_params(epsilon=epsilon)
     return prm.scale**2 * (dim - 1 + prm.second_moment_t) - input_norm**2
 
@@ -473,7 +443,7 @@ def ldp_weighted_mean(*, reports: torch.Tensor, x_pub: torch.Tensor, epsilon: fl
         (mu_hat (..., d), public weight r = (n_pub/v_pub) / (n_pub/v_pub + n_priv/v_priv) of shape (...)).
     """
     where = "ldp_weighted_mean"
-    _check_eps_delta(epsilon, None, where)
+    val.positive(where, "epsilon", epsilon)
     _check_pair(reports, x_pub, where)
     _check_v(v, where)
     n_pub, n_priv, d = x_pub.shape[-2], reports.shape[-2], x_pub.shape[-1]
@@ -496,16 +466,15 @@ def ldp_mse(*, estimator: Literal["throw_away", "treat_as_private", "weighted"],
     weighted: 1 / (n_pub / v + n_priv / (v + V_R)).
     """
     where = "ldp_mse"
-    _check_count(n_pub, "n_pub", where)
-    _check_count(n_priv, "n_priv", where)
+    val.one_of(where, "estimator", estimator, ("throw_away", "treat_as_private", "weighted"))
+    val.integer(where, "n_pub", n_pub, minimum=1)
+    val.integer(where, "n_priv", n_priv, minimum=1)
     _check_v(v, where)
     vr = privunitg_mse(dim=dim, epsilon=epsilon, input_norm=input_norm)
     if estimator == "throw_away":
         return v / n_pub
     if estimator == "treat_as_private":
         return (v + vr) / (n_pub + n_priv)
-    if estimator == "weighted":
-        if v == 0:
-            return 0.0
-        return 1.0 / (n_pub / v + n_priv / (v + vr))
-    raise ValueError(f"{where}: unknown estimator {estimator!r}")
+    if v == 0:
+        return 0.0
+    return 1.0 / (n_pub / v + n_priv / (v + vr))

@@ -16,7 +16,6 @@ Per-sample gradients come from ``torch.func`` (vmap of grad).
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -24,6 +23,8 @@ from typing import Literal
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+
+from icml24.common import validate as v
 
 __all__ = [
     "per_sample_grads",
@@ -54,24 +55,10 @@ def _import_opacus():
     return create_accountant, get_noise_multiplier
 
 
-def _check_accountant(name: str | None, where: str) -> None:
-    if name is not None and name not in ("rdp", "prv", "gdp"):
-        raise ValueError(f"{where}: accountant must be 'rdp', 'prv', 'gdp' or None, got {name!r}")
-
-
-def _check_eps_delta(epsilon: float | None, delta: float, where: str) -> None:
-    if epsilon is not None and (not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon)
-                                or epsilon <= 0):
-        raise ValueError(f"{where}: epsilon must be a finite number > 0, got {epsilon}")
-    if not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
-        raise ValueError(f"{where}: delta must be in (0, 1), got {delta}")
-
-
-def _check_rate_steps(sample_rate: float, steps: int, where: str) -> None:
-    if not isinstance(sample_rate, (int, float)) or not 0.0 < sample_rate <= 1.0:
-        raise ValueError(f"{where}: sample_rate must be in (0, 1], got {sample_rate}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"{where}: steps must be an int >= 1, got {steps!r}")
+def _check_accounting(where: str, *, sample_rate: float, steps: int, accountant: str) -> None:
+    v.in_range(where, "sample_rate", sample_rate, 0.0, 1.0, low_open=True)
+    v.integer(where, "steps", steps, minimum=1)
+    v.one_of(where, "accountant", accountant, ("rdp", "prv", "gdp"))
 
 
 # ------------------------------------------------------------------------------------ per-sample gradients
@@ -88,11 +75,9 @@ def per_sample_grads(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Te
     Returns:
         One tensor of shape (B, *p.shape) per trainable parameter, in ``model.parameters()`` order.
     """
-    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise TypeError("per_sample_grads: inputs and targets must be torch.Tensors")
-    if inputs.shape[0] != targets.shape[0]:
-        raise ValueError(f"per_sample_grads: inputs have {inputs.shape[0]} samples but targets have "
-                         f"{targets.shape[0]}")
+    v.tensor("per_sample_grads", "inputs", inputs)
+    v.tensor("per_sample_grads", "targets", targets)
+    v.same_length("per_sample_grads", ("inputs", "targets"), inputs.shape[0], targets.shape[0])
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     buffers = {n: b.detach() for n, b in model.named_buffers()}
@@ -114,8 +99,7 @@ def clip_and_sum(grad_samples: Sequence[torch.Tensor], *, max_grad_norm: float) 
         grad_samples: one (B, *p.shape) tensor per parameter.
         max_grad_norm: C > 0.
     """
-    if not isinstance(max_grad_norm, (int, float)) or not math.isfinite(max_grad_norm) or max_grad_norm <= 0:
-        raise ValueError(f"clip_and_sum: max_grad_norm must be > 0, got {max_grad_norm}")
+    v.positive("clip_and_sum", "max_grad_norm", max_grad_norm)
     b = grad_samples[0].shape[0]
     if b == 0:
         return [g.new_zeros(g.shape[1:]) for g in grad_samples]
@@ -160,27 +144,15 @@ class SemiDPSGD(torch.optim.Optimizer):
                  clip_public: bool = True, momentum: float = 0.0, weight_decay: float = 0.0,
                  accountant: AccountantName | None = "rdp", generator: torch.Generator | None = None) -> None:
         w = "SemiDPSGD"
-        if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-            raise ValueError(f"{w}: lr must be > 0, got {lr}")
-        if not isinstance(beta, (int, float)) or not math.isfinite(beta) or not 0.0 <= beta <= 1.0:
-            raise ValueError(f"{w}: beta must be in [0, 1], got {beta}")
-        if not isinstance(noise_multiplier, (int, float)) or not math.isfinite(noise_multiplier) \
-                or noise_multiplier < 0:
-            raise ValueError(f"{w}: noise_multiplier must be >= 0, got {noise_multiplier}")
-        if not isinstance(max_grad_norm, (int, float)) or not math.isfinite(max_grad_norm) or max_grad_norm <= 0:
-            raise ValueError(f"{w}: max_grad_norm (clipping norm C) must be > 0, got {max_grad_norm}")
-        if isinstance(expected_batch_size, bool) or not isinstance(expected_batch_size, int) \
-                or expected_batch_size < 1:
-            raise ValueError(f"{w}: expected_batch_size must be an int >= 1, got {expected_batch_size!r}")
-        if not isinstance(sample_rate, (int, float)) or not 0.0 < sample_rate <= 1.0:
-            raise ValueError(f"{w}: sample_rate must be in (0, 1], got {sample_rate}")
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not math.isfinite(momentum) \
-                or not 0.0 <= momentum < 1.0:
-            raise ValueError(f"{w}: momentum must be a finite number in [0, 1), got {momentum!r}")
-        if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) \
-                or not math.isfinite(weight_decay) or weight_decay < 0:
-            raise ValueError(f"{w}: weight_decay must be a finite number >= 0, got {weight_decay!r}")
-        _check_accountant(accountant, w)
+        v.positive(w, "lr", lr)
+        v.probability(w, "beta", beta)
+        v.non_negative(w, "noise_multiplier", noise_multiplier)
+        v.positive(w, "max_grad_norm", max_grad_norm)
+        v.integer(w, "expected_batch_size", expected_batch_size, minimum=1)
+        v.in_range(w, "sample_rate", sample_rate, 0.0, 1.0, low_open=True)
+        v.in_range(w, "momentum", momentum, 0.0, 1.0, high_open=True)
+        v.non_negative(w, "weight_decay", weight_decay)
+        v.one_of(w, "accountant", accountant, ("rdp", "prv", "gdp", None))
         super().__init__(params, {"lr": float(lr), "momentum": float(momentum),
                                   "weight_decay": float(weight_decay)})
         self.beta = float(beta)
@@ -280,7 +252,7 @@ class SemiDPSGD(torch.optim.Optimizer):
 
     def get_epsilon(self, delta: float) -> float:
         """ε spent so far on the private data at this δ (Opacus accountant; 0 before any private step)."""
-        _check_eps_delta(None, delta, "SemiDPSGD.get_epsilon")
+        v.probability("SemiDPSGD.get_epsilon", "delta", delta, open_low=True, open_high=True)
         if self.accountant is None:
             raise ValueError("SemiDPSGD.get_epsilon: this optimizer was built with accountant=None")
         if self.private_steps == 0:
@@ -350,13 +322,10 @@ def noise_multiplier_for(*, target_epsilon: float, target_delta: float, sample_r
     """Smallest σ (Opacus ``get_noise_multiplier``) with ε(σ, q, T, δ) <= target ε; re-checked afterwards
     (Opacus issues #346/#348: the binary search must not overshoot)."""
     where = "noise_multiplier_for"
-    _check_eps_delta(target_epsilon, target_delta, where)
-    _check_rate_steps(sample_rate, steps, where)
-    _check_accountant(accountant, where)
-    if isinstance(epsilon_tolerance, bool) or not isinstance(epsilon_tolerance, (int, float)) \
-            or not math.isfinite(epsilon_tolerance) or not 0.0 < epsilon_tolerance < target_epsilon:
-        raise ValueError(f"{where}: epsilon_tolerance must be in (0, target_epsilon={target_epsilon}), "
-                         f"got {epsilon_tolerance!r}")
+    v.privacy_budget(where, target_epsilon, target_delta, epsilon_name="target_epsilon",
+                     delta_name="target_delta")
+    _check_accounting(where, sample_rate=sample_rate, steps=steps, accountant=accountant)
+    v.in_range(where, "epsilon_tolerance", epsilon_tolerance, 0.0, target_epsilon, low_open=True, high_open=True)
     return _noise_multiplier_cached(float(target_epsilon), float(target_delta), float(sample_rate), int(steps),
                                     accountant, float(epsilon_tolerance))
 
@@ -378,11 +347,9 @@ def epsilon_for(*, noise_multiplier: float, sample_rate: float, steps: int, delt
                 accountant: AccountantName = "rdp") -> float:
     """ε after ``steps`` Poisson-subsampled Gaussian steps (σ, q) at δ, from the Opacus accountant."""
     where = "epsilon_for"
-    _check_eps_delta(None, delta, where)
-    _check_rate_steps(sample_rate, steps, where)
-    _check_accountant(accountant, where)
-    if not isinstance(noise_multiplier, (int, float)) or noise_multiplier <= 0:
-        raise ValueError(f"{where}: noise_multiplier must be > 0, got {noise_multiplier}")
+    v.probability(where, "delta", delta, open_low=True, open_high=True)
+    _check_accounting(where, sample_rate=sample_rate, steps=steps, accountant=accountant)
+    v.positive(where, "noise_multiplier", noise_multiplier)
     create_accountant, _ = _import_opacus()
     acc = create_accountant(accountant)
     acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
@@ -397,9 +364,11 @@ def inverse_variance_beta(*, dim: int, noise_multiplier: float, max_grad_norm: f
     NOTE(deviation): the paper's theory choice of β is not available here; this proxy bounds each gradient's
     sampling variance by C² and ignores the bias from clipping and from public/private distribution shift.
     """
-    if dim < 1 or batch_size < 1 or public_batch_size < 1 or max_grad_norm <= 0 or noise_multiplier < 0:
-        raise ValueError("inverse_variance_beta: dim, batch sizes must be >= 1, max_grad_norm > 0, "
-                         "noise_multiplier >= 0")
+    w = "inverse_variance_beta"
+    for name, k in (("dim", dim), ("batch_size", batch_size), ("public_batch_size", public_batch_size)):
+        v.integer(w, name, k, minimum=1)
+    v.positive(w, "max_grad_norm", max_grad_norm)
+    v.non_negative(w, "noise_multiplier", noise_multiplier)
     c2 = max_grad_norm**2
     v_pub = c2 / public_batch_size
     v_priv = c2 / batch_size + dim * noise_multiplier**2 * c2 / batch_size**2
@@ -409,11 +378,8 @@ def inverse_variance_beta(*, dim: int, noise_multiplier: float, max_grad_norm: f
 def poisson_sample(n: int, *, sample_rate: float, generator: torch.Generator | None = None,
                    device: str | torch.device = "cpu") -> torch.Tensor:
     """Indices of a Poisson-subsampled batch: each of n examples is included independently with prob. q."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"poisson_sample: n must be an int >= 0, got {n!r}")
-    if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, float)) \
-            or not math.isfinite(sample_rate) or not 0.0 < sample_rate <= 1.0:
-        raise ValueError(f"poisson_sample: sample_rate must be in (0, 1], got {sample_rate!r}")
+    v.integer("poisson_sample", "n", n, minimum=0)
+    v.in_range("poisson_sample", "sample_rate", sample_rate, 0.0, 1.0, low_open=True)
     if sample_rate >= 1.0:
         return torch.arange(n, device=device)
     mask = torch.rand(n, generator=generator, device=device) < sample_rate
@@ -467,30 +433,24 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
         momentum, accountant, generator: passed to :class:`SemiDPSGD`; ``generator`` drives sampling and noise.
     """
     where = "train_semi_dp"
-    if mode not in ("semi_dp", "public_only", "dp_sgd_all"):
-        raise ValueError(f"{where}: mode must be semi_dp, public_only or dp_sgd_all, got {mode!r}")
-    _check_eps_delta(epsilon, delta, where)
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"{where}: beta must be in [0, 1], got {beta}")
-    if max_grad_norm <= 0:
-        raise ValueError(f"{where}: max_grad_norm must be > 0, got {max_grad_norm}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"{where}: steps must be an int >= 1, got {steps!r}")
+    v.one_of(where, "mode", mode, ("semi_dp", "public_only", "dp_sgd_all"))
+    v.privacy_budget(where, epsilon, delta)
+    v.probability(where, "beta", beta)
+    v.positive(where, "max_grad_norm", max_grad_norm)
+    v.integer(where, "steps", steps, minimum=1)
     for name, t in (("x_priv", x_priv), ("y_priv", y_priv), ("x_pub", x_pub), ("y_pub", y_pub)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{where}: {name} must be a torch.Tensor")
+        v.tensor(where, name, t)
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise ValueError(f"{where}: {name} contains NaN or inf")
     if x_pub.shape[1:] != x_priv.shape[1:]:
         raise ValueError(f"{where}: public data has feature shape {tuple(x_pub.shape[1:])} but private data has "
                          f"{tuple(x_priv.shape[1:])}")
-    if len(x_pub) != len(y_pub) or len(x_priv) != len(y_priv):
-        raise ValueError(f"{where}: inputs and targets must have the same number of samples")
+    v.same_length(where, ("x_pub", "y_pub"), len(x_pub), len(y_pub))
+    v.same_length(where, ("x_priv", "y_priv"), len(x_priv), len(y_priv))
     if len(x_pub) == 0 or len(x_priv) == 0:
         raise ValueError(f"{where}: public and private data must be non-empty")
-    if public_batch_size is not None and (isinstance(public_batch_size, bool)
-                                          or not isinstance(public_batch_size, int) or public_batch_size < 1):
-        raise ValueError(f"{where}: public_batch_size must be an int >= 1 or None, got {public_batch_size!r}")
+    if public_batch_size is not None:
+        v.integer(where, "public_batch_size", public_batch_size, minimum=1)
 
     params = [p for p in model.parameters() if p.requires_grad]
     n_pub = len(x_pub)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.model_selection import train_test_split
 
+from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig
 from icml24.common.data import Split, load_sklearn
 from icml24.common.nets import MLP
@@ -71,42 +72,26 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.datasets or any(d not in _DATASETS for d in self.datasets):
-            raise ValueError(f"datasets must be a non-empty subset of {_DATASETS}, got {self.datasets!r}")
-        if any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden widths must be >= 1, got {self.hidden!r}")
+        w = "Config"
+        val.each(w, "datasets", self.datasets, val.one_of, _DATASETS)
+        val.each(w, "hidden", self.hidden, val.integer, minimum=1)
         for name in ("epochs", "batch_size", "synth_dim", "synth_mc"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        for name in ("momentum", "weight_decay", "test_size", "val_fraction", "margin_points", "synth_lr",
-                     "synth_momentum", "synth_exponent", "synth_alpha", "synth_noise", "synth_c"):
-            if not math.isfinite(getattr(self, name)):  # NaN passes every `<` / `>` check below
-                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if not self.lr_grid or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lr_grid):
-            raise ValueError(f"lr_grid must hold finite values > 0, got {self.lr_grid!r}")
-        if list(self.lr_grid) != sorted(set(self.lr_grid)):
-            raise ValueError(f"lr_grid must be strictly increasing, got {self.lr_grid!r}")
+            val.integer(w, name, getattr(self, name), minimum=1)
+        for name in ("momentum", "synth_momentum"):
+            val.in_range(w, name, getattr(self, name), 0.0, 1.0, high_open=True)
         for name in ("test_size", "val_fraction"):
-            if not 0.0 < getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
-        if self.margin_points < 0:
-            raise ValueError(f"margin_points must be >= 0, got {self.margin_points}")
-        if len(self.synth_steps) < 2 or list(self.synth_steps) != sorted(set(self.synth_steps)) \
-                or self.synth_steps[0] < 1:
-            raise ValueError(f"synth_steps must be >= 2 strictly increasing positive ints, got {self.synth_steps!r}")
-        if self.synth_lr <= 0:
-            raise ValueError(f"synth_lr must be > 0, got {self.synth_lr}")
-        if not 0.0 <= self.synth_momentum < 1.0:
-            raise ValueError(f"synth_momentum must be in [0, 1), got {self.synth_momentum}")
-        if self.synth_exponent < 0:
-            raise ValueError(f"synth_exponent must be >= 0, got {self.synth_exponent}")
-        if self.synth_alpha < 0 or self.synth_noise < 0 or self.synth_c <= 0:
-            raise ValueError("synth_alpha and synth_noise must be >= 0 and synth_c > 0, got "
-                             f"{self.synth_alpha}, {self.synth_noise}, {self.synth_c}")
+            val.probability(w, name, getattr(self, name), open_low=True, open_high=True)
+        for name in ("weight_decay", "margin_points", "synth_exponent", "synth_alpha", "synth_noise"):
+            val.non_negative(w, name, getattr(self, name))
+        for name in ("synth_lr", "synth_c"):
+            val.positive(w, name, getattr(self, name))
+        val.each(w, "lr_grid", self.lr_grid, val.positive)
+        if list(self.lr_grid) != sorted(set(self.lr_grid)):
+            raise ValueError(f"{w}: lr_grid must be strictly increasing, got {self.lr_grid!r}")
+        val.each(w, "synth_steps", self.synth_steps, val.integer, minimum=1)
+        if len(self.synth_steps) < 2 or list(self.synth_steps) != sorted(set(self.synth_steps)):
+            raise ValueError(f"{w}: synth_steps must be >= 2 strictly increasing positive ints, "
+                             f"got {self.synth_steps!r}")
 
     @classmethod
     def quick(cls) -> Config:

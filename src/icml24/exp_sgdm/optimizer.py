@@ -14,12 +14,13 @@ random scalar ``s_n ~ Exp(1)`` per step::
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
 import torch
 from torch.optim import Optimizer
+
+from icml24.common import validate as v
 
 __all__ = ["ExpSGDM"]
 
@@ -27,22 +28,10 @@ RandomScaling = Literal["exponential"] | None
 _STATE_KEY = "exp_sgdm"
 
 
-def _check_real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"exp_sgdm: {name} must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"exp_sgdm: {name} must be finite, got {value}")
-    return value
-
-
 def _check_hyper(lr: Any, momentum: Any, weight_decay: Any) -> None:
-    if _check_real("lr", lr) <= 0.0:
-        raise ValueError(f"exp_sgdm: lr must be > 0, got {lr}")
-    if not 0.0 <= _check_real("momentum", momentum) < 1.0:
-        raise ValueError(f"exp_sgdm: momentum must be in [0, 1), got {momentum}")
-    if _check_real("weight_decay", weight_decay) < 0.0:
-        raise ValueError(f"exp_sgdm: weight_decay must be >= 0, got {weight_decay}")
+    v.positive("exp_sgdm", "lr", lr)
+    v.in_range("exp_sgdm", "momentum", momentum, 0.0, 1.0, high_open=True)
+    v.non_negative("exp_sgdm", "weight_decay", weight_decay)
 
 
 def _default_generator() -> torch.Generator:
@@ -90,12 +79,11 @@ class ExpSGDM(Optimizer):
                  random_scaling: RandomScaling = "exponential", generator: torch.Generator | None = None,
                  ema_beta: float | None = None) -> None:
         _check_hyper(lr, momentum, weight_decay)
-        if random_scaling not in ("exponential", None):
-            raise ValueError(f"exp_sgdm: random_scaling must be 'exponential' or None, got {random_scaling!r}")
+        v.one_of("exp_sgdm", "random_scaling", random_scaling, ("exponential", None))
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"exp_sgdm: generator must be a torch.Generator or None, got {type(generator).__name__}")
-        if ema_beta is not None and not 0.0 <= _check_real("ema_beta", ema_beta) < 1.0:
-            raise ValueError(f"exp_sgdm: ema_beta must be in [0, 1) or None, got {ema_beta}")
+        if ema_beta is not None:
+            v.in_range("exp_sgdm", "ema_beta", ema_beta, 0.0, 1.0, high_open=True)
         defaults = {"lr": float(lr), "momentum": float(momentum), "weight_decay": float(weight_decay)}
         super().__init__(params, defaults)
         self.random_scaling: RandomScaling = random_scaling

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from icml24.common import validate as v
+
 __all__ = ["NonsmoothObjective", "IdentityEstimate", "scaling_identity_gap", "stationarity_upper_bound"]
 
 
@@ -36,12 +38,9 @@ class NonsmoothObjective:
 
     def __init__(self, *, dim: int = 20, num_rows: int = 40, alpha: float = 0.5, seed: int = 0,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64) -> None:
-        if dim < 1:
-            raise ValueError(f"exp_sgdm: dim must be >= 1, got {dim}")
-        if num_rows < 1:
-            raise ValueError(f"exp_sgdm: num_rows must be >= 1, got {num_rows}")
-        if not math.isfinite(alpha) or alpha < 0:
-            raise ValueError(f"exp_sgdm: alpha must be finite and >= 0, got {alpha}")
+        v.integer("exp_sgdm", "dim", dim, minimum=1)
+        v.integer("exp_sgdm", "num_rows", num_rows, minimum=1)
+        v.non_negative("exp_sgdm", "alpha", alpha)
         g = torch.Generator().manual_seed(seed)
         self.dim, self.alpha = dim, float(alpha)
         self.A = torch.randn(num_rows, dim, generator=g, dtype=dtype).to(device)
@@ -102,8 +101,8 @@ def scaling_identity_gap(f: NonsmoothObjective, x: torch.Tensor, delta: torch.Te
         scaling: ``"exponential"`` (the identity), ``"one"`` (s ≡ 1) or ``"uniform"`` (s ~ U[0,1]); the
             last two are negative controls for which the expectation is not zero in general.
     """
-    if num_samples < 2:
-        raise ValueError(f"exp_sgdm: num_samples must be >= 2, got {num_samples}")
+    v.integer("exp_sgdm", "num_samples", num_samples, minimum=2)
+    v.one_of("exp_sgdm", "scaling", scaling, ("exponential", "uniform", "one"))
     if x.shape != (f.dim,) or delta.shape != (f.dim,):
         raise ValueError(f"exp_sgdm: x and delta must have shape ({f.dim},), got {tuple(x.shape)}, "
                          f"{tuple(delta.shape)}")
@@ -112,10 +111,8 @@ def scaling_identity_gap(f: NonsmoothObjective, x: torch.Tensor, delta: torch.Te
         s = torch.empty(num_samples, dtype=dt, device=generator.device).exponential_(1.0, generator=generator)
     elif scaling == "uniform":
         s = torch.rand(num_samples, dtype=dt, device=generator.device, generator=generator)
-    elif scaling == "one":
+    else:  # "one"
         s = torch.ones(num_samples, dtype=dt)
-    else:
-        raise ValueError(f"exp_sgdm: scaling must be exponential, uniform or one, got {scaling!r}")
     x, delta, s = x.to(dev, dt), delta.to(dev, dt), s.to(dev)
     y = x + s[:, None] * delta
     df = f(y) - f(x)
@@ -147,12 +144,9 @@ def stationarity_upper_bound(f: NonsmoothObjective, x: torch.Tensor, *, c: float
     Raises:
         ValueError: ``c`` not finite and > 0, a σ not finite and >= 0, ``num_samples < 1``, non-finite ``x``.
     """
-    if not (math.isfinite(c) and c > 0):
-        raise ValueError(f"exp_sgdm: c must be finite and > 0, got {c}")
-    if not sigmas or any(not (math.isfinite(s) and s >= 0) for s in sigmas):
-        raise ValueError(f"exp_sgdm: sigmas must be non-empty, finite and >= 0, got {tuple(sigmas)}")
-    if num_samples < 1:
-        raise ValueError(f"exp_sgdm: num_samples must be >= 1, got {num_samples}")
+    v.positive("exp_sgdm", "c", c)
+    v.each("exp_sgdm", "sigmas", tuple(sigmas), v.non_negative)
+    v.integer("exp_sgdm", "num_samples", num_samples, minimum=1)
     dt, dev = f.A.dtype, f.A.device
     x = x.detach().to(dev, dt).reshape(f.dim)
     if not bool(torch.isfinite(x).all()):

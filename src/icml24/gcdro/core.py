@@ -27,6 +27,8 @@ from scipy.sparse.csgraph import connected_components
 from scipy.sparse.csgraph import laplacian as _csgraph_laplacian
 from sklearn.neighbors import kneighbors_graph
 
+from icml24.common import validate as v
+
 __all__ = [
     "EdgeList",
     "knn_graph",
@@ -53,11 +55,11 @@ def _check_finite_array(name: str, a: np.ndarray) -> None:
         raise ValueError(f"gcdro: {name} contains NaN or inf")
 
 
-def _check_nonneg(name: str, v: float) -> None:
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise TypeError(f"gcdro: {name} must be a float, got {type(v).__name__}")
-    if not np.isfinite(v) or v < 0:
-        raise ValueError(f"gcdro: {name} must be a finite number >= 0, got {v}")
+def check_graph_params(n: int, *, n_neighbors: int, sigma: float | None) -> None:
+    """k in [1, n - 1] and σ > 0 (or None): the kNN-graph parameters shared by knn_graph and GCDRORegressor."""
+    v.integer("gcdro", "n_neighbors", n_neighbors, minimum=1, maximum=n - 1)
+    if sigma is not None:
+        v.positive("gcdro", "sigma", sigma)
 
 
 # ----------------------------------------------------------------------------------------------- graph
@@ -83,16 +85,8 @@ def knn_graph(x: np.ndarray, *, n_neighbors: int = 10, sigma: float | None = Non
     if x.ndim != 2:
         raise ValueError(f"gcdro: x must be 2-D (n, d), got shape {x.shape}")
     n = x.shape[0]
-    if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, (int, np.integer)):
-        raise TypeError(f"gcdro: n_neighbors must be an int, got {type(n_neighbors).__name__}")
-    if not 1 <= n_neighbors < n:
-        raise ValueError(f"gcdro: n_neighbors must be in [1, n_samples - 1] = [1, {n - 1}], got {n_neighbors}")
+    check_graph_params(n, n_neighbors=n_neighbors, sigma=sigma)
     _check_finite_array("x", x)
-    if sigma is not None:
-        if isinstance(sigma, bool) or not isinstance(sigma, (int, float, np.integer, np.floating)):
-            raise TypeError(f"gcdro: sigma must be a float or None, got {type(sigma).__name__}")
-        if not np.isfinite(sigma) or sigma <= 0:
-            raise ValueError(f"gcdro: sigma must be a finite number > 0 or None, got {sigma}")
     k = int(n_neighbors)
     while True:
         dist = kneighbors_graph(x, n_neighbors=k, mode="distance", include_self=False).tocsr()
@@ -239,14 +233,12 @@ def gradient_flow(losses: torch.Tensor, edges: EdgeList, *, alpha: float = 1.0, 
     """
     if losses.ndim != 1 or losses.numel() != edges.n:
         raise ValueError(f"gcdro: losses must have shape ({edges.n},), got {tuple(losses.shape)}")
-    _check_nonneg("alpha", alpha)
-    _check_nonneg("beta", beta)
-    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 0:
-        raise ValueError(f"gcdro: n_steps must be an int >= 0, got {n_steps}")
-    if not 0 < step_scale < 1:
-        raise ValueError(f"gcdro: step_scale must be in (0, 1), got {step_scale}")
-    if max_step is not None and not max_step > 0:
-        raise ValueError(f"gcdro: max_step must be > 0 or None, got {max_step}")
+    v.non_negative("gcdro", "alpha", alpha)
+    v.non_negative("gcdro", "beta", beta)
+    v.integer("gcdro", "n_steps", n_steps, minimum=0)
+    v.probability("gcdro", "step_scale", step_scale, open_low=True, open_high=True)
+    if max_step is not None:
+        v.positive("gcdro", "max_step", max_step)
     if not torch.isfinite(losses).all():
         raise ValueError("gcdro: losses contain NaN or inf")
     losses = losses.detach().to(device=edges.weight.device, dtype=edges.weight.dtype)
@@ -288,11 +280,8 @@ def erm_weights(losses: torch.Tensor) -> torch.Tensor:
 def kl_worst_case(losses: torch.Tensor, *, temperature: float) -> torch.Tensor:
     """KL-penalised DRO best response ``q_i ∝ exp(ℓ_i / λ)`` (exponential tilting), λ = ``temperature`` >= 1e-6."""
     _check_losses(losses)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"gcdro: temperature must be a float, got {type(temperature).__name__}")
-    if not (np.isfinite(temperature) and temperature >= KL_MIN_TEMPERATURE):
-        # ℓ/λ overflows to inf for λ ~ 1e-310 and the softmax returns NaN
-        raise ValueError(f"gcdro: temperature must be finite and >= {KL_MIN_TEMPERATURE:g}, got {temperature}")
+    # ℓ/λ overflows to inf for λ ~ 1e-310 and the softmax returns NaN
+    v.at_least("gcdro", "temperature", temperature, KL_MIN_TEMPERATURE)
     return torch.softmax(losses / temperature, dim=0)
 
 
@@ -312,8 +301,7 @@ def chi2_worst_case(losses: torch.Tensor, *, lam: float) -> torch.Tensor:
     Computed exactly as the simplex projection of ``1/n + ℓ/(λ n)`` (η is the projection's threshold).
     """
     _check_losses(losses)
-    if not lam > 0:
-        raise ValueError(f"gcdro: lam must be > 0, got {lam}")
+    v.positive("gcdro", "lam", lam)
     n = losses.numel()
     return _project_simplex(1.0 / n + losses / (lam * n))
 
@@ -321,8 +309,7 @@ def chi2_worst_case(losses: torch.Tensor, *, lam: float) -> torch.Tensor:
 def cvar_worst_case(losses: torch.Tensor, *, alpha: float) -> torch.Tensor:
     """CVaR_α best response: mass ``1/(α n)`` on the largest losses until the total is 1 (fractional last)."""
     _check_losses(losses)
-    if not 0 < alpha <= 1:
-        raise ValueError(f"gcdro: cvar alpha must be in (0, 1], got {alpha}")
+    v.probability("gcdro", "alpha (CVaR level)", alpha, open_low=True)
     n = losses.numel()
     cap = 1.0 / (alpha * n)
     order = torch.argsort(losses, descending=True)

@@ -15,6 +15,7 @@ import torch
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_array, check_is_fitted, check_X_y
 
+from icml24.common import validate as v
 from icml24.gcdro import core
 
 __all__ = ["GCDRORegressor", "DRORegressor"]
@@ -35,16 +36,10 @@ def _validate_xy(X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_common(est: _BaseWeightedRegressor) -> None:
-    if est.model not in ("linear", "mlp"):
-        raise ValueError(f"gcdro: model must be 'linear' or 'mlp', got {est.model!r}")
-    if isinstance(est.hidden, bool) or not isinstance(est.hidden, int) or est.hidden < 1:
-        raise ValueError(f"gcdro: hidden must be an int >= 1, got {est.hidden!r}")
-    if isinstance(est.lr, bool) or not isinstance(est.lr, (int, float)):
-        raise TypeError(f"gcdro: lr must be a float, got {type(est.lr).__name__}")
-    if not (np.isfinite(est.lr) and est.lr > 0):
-        raise ValueError(f"gcdro: lr must be a finite number > 0, got {est.lr!r}")
-    if isinstance(est.max_iter, bool) or not isinstance(est.max_iter, int) or est.max_iter < 1:
-        raise ValueError(f"gcdro: max_iter must be an int >= 1, got {est.max_iter!r}")
+    v.one_of("gcdro", "model", est.model, ("linear", "mlp"))
+    v.integer("gcdro", "hidden", est.hidden, minimum=1)
+    v.positive("gcdro", "lr", est.lr)
+    v.integer("gcdro", "max_iter", est.max_iter, minimum=1)
 
 
 class _BaseWeightedRegressor(RegressorMixin, BaseEstimator):
@@ -174,25 +169,11 @@ class GCDRORegressor(_BaseWeightedRegressor):
 
     def _check_params(self, n: int) -> None:
         _check_common(self)
-        for name in ("alpha", "beta"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise TypeError(f"gcdro: {name} must be a float, got {type(v).__name__}")
-            if not np.isfinite(v) or v < 0:
-                raise ValueError(f"gcdro: {name} must be >= 0, got {v}")
-        if isinstance(self.n_neighbors, bool) or not isinstance(self.n_neighbors, (int, np.integer)):
-            raise TypeError(f"gcdro: n_neighbors must be an int, got {type(self.n_neighbors).__name__}")
-        if not 1 <= self.n_neighbors < n:
-            raise ValueError(f"gcdro: n_neighbors must be in [1, n_samples - 1] = [1, {n - 1}], got {self.n_neighbors}")
-        if isinstance(self.n_inner, bool) or not isinstance(self.n_inner, int) or self.n_inner < 0:
-            raise ValueError(f"gcdro: n_inner must be an int >= 0, got {self.n_inner!r}")
-        if not 0 < self.step_scale < 1:
-            raise ValueError(f"gcdro: step_scale must be in (0, 1), got {self.step_scale}")
-        if self.sigma is not None:
-            if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float)):
-                raise TypeError(f"gcdro: sigma must be a float or None, got {type(self.sigma).__name__}")
-            if not (np.isfinite(self.sigma) and self.sigma > 0):
-                raise ValueError(f"gcdro: sigma must be a finite number > 0 or None, got {self.sigma}")
+        v.non_negative("gcdro", "alpha", self.alpha)
+        v.non_negative("gcdro", "beta", self.beta)
+        core.check_graph_params(n, n_neighbors=self.n_neighbors, sigma=self.sigma)
+        v.integer("gcdro", "n_inner", self.n_inner, minimum=0)
+        v.probability("gcdro", "step_scale", self.step_scale, open_low=True, open_high=True)
 
     def fit(self, X: Any, y: Any) -> GCDRORegressor:
         """Build the kNN graph of the training inputs and train the model on the GCDRO risk."""
@@ -241,17 +222,13 @@ class DRORegressor(_BaseWeightedRegressor):
     def fit(self, X: Any, y: Any) -> DRORegressor:
         """Train the model on the ERM / KL / χ² / CVaR risk."""
         _check_common(self)
-        if self.method not in _METHODS:
-            raise ValueError(f"gcdro: method must be one of {_METHODS}, got {self.method!r}")
-        if isinstance(self.radius, bool) or not isinstance(self.radius, (int, float)):
-            raise TypeError(f"gcdro: radius must be a float, got {type(self.radius).__name__}")
-        if not (np.isfinite(self.radius) and self.radius > 0):
-            raise ValueError(f"gcdro: radius must be a finite number > 0, got {self.radius!r}")
-        if self.method == "kl" and self.radius < _KL_MIN_TEMPERATURE:
+        v.one_of("gcdro", "method", self.method, _METHODS)
+        v.positive("gcdro", "radius", self.radius)
+        if self.method == "kl":
             # softmax(ℓ/λ) with λ ~ 1e-310 overflows ℓ/λ to inf and the training turns NaN
-            raise ValueError(f"gcdro: radius (KL temperature) must be >= {_KL_MIN_TEMPERATURE:g}, got {self.radius!r}")
-        if self.method == "cvar" and self.radius > 1:
-            raise ValueError(f"gcdro: radius (CVaR level) must be in (0, 1], got {self.radius}")
+            v.at_least("gcdro", "radius (KL temperature)", self.radius, _KL_MIN_TEMPERATURE)
+        if self.method == "cvar":
+            v.probability("gcdro", "radius (CVaR level)", self.radius, open_low=True)
         xt, yt = self._prepare(X, y)
         self._train(xt, yt)
         return self

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig
 from icml24.common.config import help_text as _h
 from icml24.common.plotting import band, new_figure, save_figure
@@ -65,24 +66,20 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("n_train", "n_val", "n_test", "max_iter", "n_neighbors", "c1_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.n_neighbors >= self.n_train:
-            raise ValueError(f"n_neighbors must be < n_train, got {self.n_neighbors} >= {self.n_train}")
-        if not 0 <= self.noise_frac < 1:
-            raise ValueError(f"noise_frac must be in [0, 1), got {self.noise_frac}")
-        if not 0 < self.d2_minority < 1:
-            raise ValueError(f"d2_minority must be in (0, 1), got {self.d2_minority}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.beta < 0 or any(a < 0 for a in self.alphas) or not self.alphas:
-            raise ValueError(f"beta and alphas must be >= 0 (alphas non-empty), got {self.beta}, {self.alphas}")
-        if not (self.kl_grid and self.chi2_grid and self.cvar_grid) or any(
-                v <= 0 for v in self.kl_grid + self.chi2_grid + self.cvar_grid) or any(v > 1 for v in self.cvar_grid):
-            raise ValueError("kl_grid, chi2_grid must be > 0 and cvar_grid in (0, 1], all non-empty")
+        w = "Config"
+        for name in ("n_train", "n_val", "n_test", "max_iter", "c1_steps"):
+            val.integer(w, name, getattr(self, name), minimum=1)
+        val.integer(w, "n_neighbors", self.n_neighbors, minimum=1, maximum=self.n_train - 1)
+        val.in_range(w, "noise_frac", self.noise_frac, 0.0, 1.0, high_open=True)
+        val.probability(w, "d2_minority", self.d2_minority, open_low=True, open_high=True)
+        val.positive(w, "lr", self.lr)
+        val.non_negative(w, "beta", self.beta)
+        val.each(w, "alphas", self.alphas, val.non_negative)
+        val.each(w, "kl_grid", self.kl_grid, val.positive)
+        val.each(w, "chi2_grid", self.chi2_grid, val.positive)
+        val.each(w, "cvar_grid", self.cvar_grid, val.probability, open_low=True)
         if not self.r_test or any(abs(r) <= 1 for r in (self.r_train, *self.r_test)):
-            raise ValueError("r_train and r_test need |r| > 1 (r_test non-empty)")
+            raise ValueError(f"{w}: r_train and r_test need |r| > 1 (r_test non-empty)")
 
     @classmethod
     def quick(cls) -> Config:

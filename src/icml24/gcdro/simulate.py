@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from icml24.common import validate as val
+
 __all__ = ["selection_bias_regression", "subpopulation_regression", "corrupt_labels", "LWLC_BETA"]
 
 LWLC_BETA = np.array([(-1) ** j * (j % 3 + 1) for j in range(5)], dtype=np.float64)
@@ -27,8 +29,8 @@ def selection_bias_regression(*, n: int, r: float, rng: np.random.Generator, n_p
     """
     if not abs(r) > 1:
         raise ValueError(f"gcdro: selection bias r must satisfy |r| > 1, got {r}")
-    if n < 1 or n_pool < 1:
-        raise ValueError(f"gcdro: n and n_pool must be >= 1, got n={n}, n_pool={n_pool}")
+    val.integer("gcdro", "n", n, minimum=1)
+    val.integer("gcdro", "n_pool", n_pool, minimum=1)
     beta = np.array([(-1) ** j * (j % 3 + 1) for j in range(ps)], dtype=np.float64)
     xs, ys, kept = [], [], 0
     for _ in range(1000):
@@ -69,8 +71,7 @@ def subpopulation_regression(*, n: int, rng: np.random.Generator, minority: floa
 def corrupt_labels(y: np.ndarray, *, frac: float, scale: float, rng: np.random.Generator
                    ) -> tuple[np.ndarray, np.ndarray]:
     """Add ``N(0, (scale·std(y))²)`` to a random ``frac`` of the labels; returns ``(y_noisy, is_noisy)``."""
-    if not 0 <= frac < 1:
-        raise ValueError(f"gcdro: noise fraction must be in [0, 1), got {frac}")
+    val.in_range("gcdro", "frac (noise fraction)", frac, 0.0, 1.0, high_open=True)
     n = y.shape[0]
     k = int(round(frac * n))
     noisy = np.zeros(n, dtype=bool)

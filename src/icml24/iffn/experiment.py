@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig
 from icml24.common.config import help_text as _h
 from icml24.common.data import digits_images
@@ -105,39 +106,34 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.toy_targets or any(t not in TOY_TARGETS for t in self.toy_targets):
-            raise ValueError(f"toy_targets must be a non-empty subset of {TOY_TARGETS}, got {self.toy_targets}")
-        if any(h < 2 or h % 2 for h in self.toy_hidden):
-            raise ValueError(f"toy_hidden must be even widths >= 2, got {self.toy_hidden}")
+        w = "Config"
+        val.each(w, "toy_targets", self.toy_targets, val.one_of, TOY_TARGETS)
+        val.each(w, "toy_hidden", self.toy_hidden, val.integer, minimum=2)
+        if any(h % 2 for h in self.toy_hidden):
+            raise ValueError(f"{w}: toy_hidden must be even widths >= 2, got {self.toy_hidden}")
         for name in ("toy_in_dim", "toy_out_dim", "toy_ridges", "toy_teacher_hidden", "toy_n_train", "toy_n_test",
                      "toy_steps", "toy_batch", "n_instances", "kernel_size", "embed_dim", "depth", "num_heads",
                      "patch_size", "epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("toy_lr", "lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+            val.integer(w, name, getattr(self, name), minimum=1)
+        for name in ("toy_lr", "lr", "toy_match", "flops_ratio_max"):
+            val.positive(w, name, getattr(self, name))
         if self.kernel_size % 2 == 0:
-            raise ValueError(f"kernel_size must be odd, got {self.kernel_size}")
-        if self.spatial_merge not in ("concat", "add"):
-            raise ValueError(f"spatial_merge must be concat or add, got {self.spatial_merge!r}")
-        if self.agelu_init not in ("gelu", "shift", "sign"):
-            raise ValueError(f"agelu_init must be gelu, shift or sign, got {self.agelu_init!r}")
-        if self.weight_decay < 0 or self.warmup_epochs < 0 or self.max_shift < 0 or self.noise_std < 0:
-            raise ValueError("weight_decay, warmup_epochs, max_shift and noise_std must be >= 0")
-        if not 0.0 <= self.shift_prob <= 1.0:
-            raise ValueError(f"shift_prob must be in [0, 1], got {self.shift_prob}")
-        if not 0.0 < self.test_size < 1.0:
-            raise ValueError(f"test_size must be in (0, 1), got {self.test_size}")
+            raise ValueError(f"{w}: kernel_size must be odd, got {self.kernel_size}")
+        val.one_of(w, "spatial_merge", self.spatial_merge, ("concat", "add"))
+        val.one_of(w, "agelu_init", self.agelu_init, ("gelu", "shift", "sign"))
+        val.integer(w, "warmup_epochs", self.warmup_epochs, minimum=0)
+        val.integer(w, "max_shift", self.max_shift, minimum=0)
+        val.non_negative(w, "weight_decay", self.weight_decay)
+        val.non_negative(w, "noise_std", self.noise_std)
+        val.probability(w, "shift_prob", self.shift_prob)
+        val.probability(w, "test_size", self.test_size, open_low=True, open_high=True)
+        val.probability(w, "toy_gain", self.toy_gain, open_low=True, open_high=True)
         if 8 % self.patch_size:
-            raise ValueError(f"patch_size must divide 8, got {self.patch_size}")
+            raise ValueError(f"{w}: patch_size must divide 8, got {self.patch_size}")
         for a in self.vit_arms:
             parse_arm(a)
         for name in ("claim_method", "claim_full", "claim_reduced"):
-            if getattr(self, name) not in self.vit_arms:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be one of vit_arms {self.vit_arms}")
-        if not 0.0 < self.toy_gain < 1.0 or self.toy_match <= 0 or self.flops_ratio_max <= 0:
-            raise ValueError("toy_gain must be in (0, 1); toy_match and flops_ratio_max must be > 0")
+            val.one_of(w, name, getattr(self, name), self.vit_arms)
 
     @classmethod
     def quick(cls) -> Config:
@@ -150,8 +146,7 @@ class Config(ExperimentConfig):
 def random_shift(x: torch.Tensor, *, max_shift: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Translate each image of ``x`` (B, C, H, W) by an integer ``(dy, dx) ∈ [-max_shift, max_shift]²`` drawn
     per sample, filling with zeros (no flips, no interpolation)."""
-    if max_shift < 0:
-        raise ValueError(f"iffn: max_shift must be >= 0, got {max_shift}")
+    val.integer("iffn", "max_shift", max_shift, minimum=0)
     if max_shift == 0:
         return x
     b, _, h, w = x.shape

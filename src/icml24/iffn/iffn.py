@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from icml24.common import validate as v
+
 __all__ = [
     "AGeLU",
     "IFFN",
@@ -33,14 +35,6 @@ __all__ = [
 ]
 
 AGeLUInit = Literal["gelu", "shift", "sign"]
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"iffn: {name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"iffn: {name} must be >= {minimum}, got {value}")
-    return value
 
 
 class AGeLU(nn.Module):
@@ -70,19 +64,15 @@ class AGeLU(nn.Module):
                  shift: float = 0.5, learnable: bool = True, approximate: Literal["none", "tanh"] = "none",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        _check_int("n_instances", n_instances, 1)
-        if param_shape not in ("channel", "scalar"):
-            raise ValueError(f"iffn: param_shape must be 'channel' or 'scalar', got {param_shape!r}")
+        v.integer("iffn", "n_instances", n_instances, minimum=1)
+        v.one_of("iffn", "param_shape", param_shape, ("channel", "scalar"))
         if num_features is None:
             param_shape = "scalar"
         else:
-            _check_int("num_features", num_features, 1)
-        if init not in ("gelu", "shift", "sign"):
-            raise ValueError(f"iffn: init must be 'gelu', 'shift' or 'sign', got {init!r}")
-        if not math.isfinite(shift):
-            raise ValueError(f"iffn: shift must be finite, got {shift}")
-        if approximate not in ("none", "tanh"):
-            raise ValueError(f"iffn: approximate must be 'none' or 'tanh', got {approximate!r}")
+            v.integer("iffn", "num_features", num_features, minimum=1)
+        v.one_of("iffn", "init", init, ("gelu", "shift", "sign"))
+        v.finite("iffn", "shift", shift)
+        v.one_of("iffn", "approximate", approximate, ("none", "tanh"))
         self.num_features = num_features
         self.n_instances = n_instances
         self.param_shape = param_shape
@@ -173,29 +163,22 @@ class IFFN(nn.Module):
                  param_shape: Literal["channel", "scalar"] = "channel", num_prefix_tokens: int = 1,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        _check_int("in_features", in_features, 1)
+        v.integer("iffn", "in_features", in_features, minimum=1)
         if hidden_features is not None:
-            _check_int("hidden_features", hidden_features, 1)
+            v.integer("iffn", "hidden_features", hidden_features, minimum=1)
         if out_features is not None:
-            _check_int("out_features", out_features, 1)
+            v.integer("iffn", "out_features", out_features, minimum=1)
         if hidden_ratio is not None:
-            if isinstance(hidden_ratio, bool) or not isinstance(hidden_ratio, (int, float)):
-                raise TypeError(f"iffn: hidden_ratio must be a float, got {type(hidden_ratio).__name__}")
-            if not (math.isfinite(hidden_ratio) and hidden_ratio > 0):
-                raise ValueError(f"iffn: hidden_ratio must be > 0, got {hidden_ratio}")
-        _check_int("n_instances", n_instances, 1)
-        _check_int("kernel_size", kernel_size, 1)
+            v.positive("iffn", "hidden_ratio", hidden_ratio)
+        v.integer("iffn", "n_instances", n_instances, minimum=1)
+        v.integer("iffn", "kernel_size", kernel_size, minimum=1)
         if kernel_size % 2 == 0:
             raise ValueError(f"iffn: kernel_size must be odd (even kernels shift the token grid), got {kernel_size}")
-        _check_int("num_prefix_tokens", num_prefix_tokens, 0)
-        if spatial_merge not in ("concat", "add"):
-            raise ValueError(f"iffn: spatial_merge must be 'concat' or 'add', got {spatial_merge!r}")
-        if spatial_norm not in ("none", "bn"):
-            raise ValueError(f"iffn: spatial_norm must be 'none' or 'bn', got {spatial_norm!r}")
-        if spatial_act not in ("agelu", "gelu"):
-            raise ValueError(f"iffn: spatial_act must be 'agelu' or 'gelu', got {spatial_act!r}")
-        if not 0.0 <= drop < 1.0:
-            raise ValueError(f"iffn: drop must be in [0, 1), got {drop}")
+        v.integer("iffn", "num_prefix_tokens", num_prefix_tokens, minimum=0)
+        v.one_of("iffn", "spatial_merge", spatial_merge, ("concat", "add"))
+        v.one_of("iffn", "spatial_norm", spatial_norm, ("none", "bn"))
+        v.one_of("iffn", "spatial_act", spatial_act, ("agelu", "gelu"))
+        v.in_range("iffn", "drop", drop, 0.0, 1.0, high_open=True)
         biases = (bias, bias) if isinstance(bias, bool) else tuple(bias)
         if len(biases) != 2:
             raise ValueError(f"iffn: bias must be a bool or a pair of bools, got {bias!r}")
@@ -238,7 +221,7 @@ class IFFN(nn.Module):
             raise ValueError(f"iffn: the spatial branch needs patch tokens: N={n_tokens} <= num_prefix_tokens={p}")
         if grid_size is not None:
             if (not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2
-                    or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in grid_size)):
+                    or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in grid_size)):
                 raise ValueError(f"iffn: grid_size must be two ints >= 1, got {grid_size!r}")
             h, w = grid_size
             if h * w != n_grid:
@@ -287,10 +270,10 @@ class IFFN(nn.Module):
         """FLOPs of one forward pass as ``torch.utils.flop_counter.FlopCounterMode`` counts them: 2 × the
         multiply-accumulates of fc1, fc2 and the depthwise conv (biases, activations, norms not counted).
         ``num_prefix_tokens`` defaults to the layer's; pass 0 for channels-last ``(B, H, W, C)`` input."""
-        _check_int("batch_size", batch_size, 1)
-        _check_int("num_tokens", num_tokens, 1)
+        v.integer("iffn", "batch_size", batch_size, minimum=1)
+        v.integer("iffn", "num_tokens", num_tokens, minimum=1)
         p = self.num_prefix_tokens if num_prefix_tokens is None else num_prefix_tokens
-        _check_int("num_prefix_tokens", p, 0)
+        v.integer("iffn", "num_prefix_tokens", p, minimum=0)
         dense = 2 * num_tokens * (self.in_features * self.hidden + self.fc2_in * self.out_features)
         conv = 2 * (num_tokens - p) * self.hidden * self.kernel_size ** 2 if self.spatial else 0
         return batch_size * (dense + conv)
@@ -323,8 +306,8 @@ class IFFN(nn.Module):
 
 def ffn_flops_per_token(*, in_features: int, hidden_features: int, out_features: int | None = None) -> int:
     """FLOPs per token of a standard FFN ``fc2(act(fc1 x))`` (counter convention: 2·(C·C' + C'·C_out))."""
-    _check_int("in_features", in_features, 1)
-    _check_int("hidden_features", hidden_features, 1)
+    v.integer("iffn", "in_features", in_features, minimum=1)
+    v.integer("iffn", "hidden_features", hidden_features, minimum=1)
     out = out_features or in_features
     return 2 * (in_features * hidden_features + hidden_features * out)
 
@@ -332,8 +315,8 @@ def ffn_flops_per_token(*, in_features: int, hidden_features: int, out_features:
 def ffn_num_params(*, in_features: int, hidden_features: int, out_features: int | None = None,
                    bias: bool = True) -> int:
     """Parameters of a standard FFN (two linear layers, parameter-free activation)."""
-    _check_int("in_features", in_features, 1)
-    _check_int("hidden_features", hidden_features, 1)
+    v.integer("iffn", "in_features", in_features, minimum=1)
+    v.integer("iffn", "hidden_features", hidden_features, minimum=1)
     out = out_features or in_features
     return in_features * hidden_features + hidden_features * out + ((hidden_features + out) if bias else 0)
 

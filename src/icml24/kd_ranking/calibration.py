@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from icml24.common import validate as v
+
 __all__ = ["CalibrationMetrics", "ece", "fit_temperature"]
 
 
@@ -54,9 +56,8 @@ class CalibrationMetrics:
 
 
 def _check_inputs(name: str, scores: torch.Tensor, labels: torch.Tensor) -> None:
-    if not isinstance(scores, torch.Tensor) or not isinstance(labels, torch.Tensor):
-        raise TypeError(f"{name}: inputs and labels must be torch.Tensor, got {type(scores).__name__} and "
-                        f"{type(labels).__name__}")
+    v.tensor(name, "logits/probs", scores)
+    v.tensor(name, "labels", labels)
     if scores.ndim != 2:
         raise ValueError(f"{name}: logits/probs must have shape (N, C), got {tuple(scores.shape)}")
     if scores.shape[0] < 1 or scores.shape[1] < 2:
@@ -97,8 +98,7 @@ def ece(logits_or_probs: torch.Tensor, labels: torch.Tensor, *, n_bins: int = 15
         ValueError / TypeError: bad shapes, labels out of range, ``n_bins < 1``, non-finite inputs, or
             ``from_logits=False`` with rows that are not probabilities.
     """
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
-        raise ValueError(f"ece: n_bins must be an int >= 1, got {n_bins!r}")
+    v.integer("ece", "n_bins", n_bins, minimum=1)
     _check_inputs("ece", logits_or_probs, labels)
     x = logits_or_probs.detach().double()
     if from_logits is None:
@@ -154,8 +154,7 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, *, max_iter: int
         The fitted temperature ``T*`` as a float; calibrated logits are ``z / T*``.
     """
     _check_inputs("fit_temperature", logits, labels)
-    if max_iter < 1:
-        raise ValueError(f"fit_temperature: max_iter must be >= 1, got {max_iter}")
+    v.integer("fit_temperature", "max_iter", max_iter, minimum=1)
     if not (0 < bounds[0] < bounds[1]):
         raise ValueError(f"fit_temperature: bounds must satisfy 0 < T_min < T_max, got {bounds}")
     z = logits.detach().double()

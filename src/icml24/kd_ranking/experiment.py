@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from scipy import stats as st
 
+from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig
 from icml24.common.config import help_text as _h
 from icml24.common.nets import MLP
@@ -84,35 +85,28 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        w = "Config"
         for name in ("n_super", "n_sub", "dim", "n_train", "n_val", "n_test", "teacher_epochs", "student_epochs",
                      "batch_size", "n_bins", "early_width"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            val.integer(w, name, getattr(self, name), minimum=1)
         if self.n_super * self.n_sub < 3:
-            raise ValueError(f"n_super * n_sub must be >= 3 classes (the non-ground-truth entropy is normalised by "
-                             f"log(C - 1)), got {self.n_super * self.n_sub}")
+            raise ValueError(f"{w}: n_super * n_sub must be >= 3 classes (the non-ground-truth entropy is "
+                             f"normalised by log(C - 1)), got {self.n_super * self.n_sub}")
         for name in ("noise", "teacher_lr", "student_lr", "kl_tau", "rank_tau_s"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be finite and > 0, got {v}")
-        if not (math.isfinite(self.sub_scale) and self.sub_scale >= 0):
-            raise ValueError(f"sub_scale must be finite and >= 0, got {self.sub_scale}")
-        if not self.teacher_widths or any(w < 1 for w in self.teacher_widths):
-            raise ValueError(f"teacher_widths must be non-empty and >= 1, got {self.teacher_widths}")
-        if self.early_width not in self.teacher_widths:
-            raise ValueError(f"early_width ({self.early_width}) must be one of teacher_widths {self.teacher_widths}")
-        if any(e < 1 or e >= self.teacher_epochs for e in self.early_epochs):
-            raise ValueError(f"early_epochs must be in [1, teacher_epochs), got {self.early_epochs}")
-        if any(not math.isfinite(k) or k <= 0 or k == 1.0 for k in self.kappas):
-            raise ValueError(f"kappas must be finite, > 0 and != 1 (kappa = 1 is the teacher itself), got {self.kappas}")
-        if any(h < 1 for h in self.student_hidden):
-            raise ValueError(f"student_hidden widths must be >= 1, got {self.student_hidden}")
-        if not 0.0 < self.kd_weight <= 1.0:
-            raise ValueError(f"kd_weight must be in (0, 1], got {self.kd_weight}")
-        if self.rank_kind not in RANKING_KINDS:
-            raise ValueError(f"rank_kind must be one of {RANKING_KINDS}, got {self.rank_kind!r}")
-        if not 0 <= self.rank_top_k <= self.n_super * self.n_sub:
-            raise ValueError(f"rank_top_k must be in [0, C], got {self.rank_top_k}")
+            val.positive(w, name, getattr(self, name))
+        val.non_negative(w, "sub_scale", self.sub_scale)
+        val.each(w, "teacher_widths", self.teacher_widths, val.integer, minimum=1)
+        val.one_of(w, "early_width", self.early_width, self.teacher_widths)
+        for i, e in enumerate(self.early_epochs):
+            val.integer(w, f"early_epochs[{i}]", e, minimum=1, maximum=self.teacher_epochs - 1)
+        val.each(w, "kappas", self.kappas, val.positive)
+        if 1.0 in self.kappas:
+            raise ValueError(f"{w}: kappas must be != 1 (kappa = 1 is the teacher itself), got {self.kappas}")
+        for i, h in enumerate(self.student_hidden):
+            val.integer(w, f"student_hidden[{i}]", h, minimum=1)
+        val.probability(w, "kd_weight", self.kd_weight, open_low=True)
+        val.one_of(w, "rank_kind", self.rank_kind, RANKING_KINDS)
+        val.integer(w, "rank_top_k", self.rank_top_k, minimum=0, maximum=self.n_super * self.n_sub)
 
     @classmethod
     def quick(cls) -> Config:

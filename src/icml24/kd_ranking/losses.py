@@ -17,7 +17,6 @@ Student objective (replacement of KL by the ranking loss): ``L = (1 - lambda) * 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Literal
 
@@ -25,14 +24,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from icml24.common import validate as v
+
 __all__ = ["KLDistillLoss", "RankingKDLoss", "RANKING_KINDS", "distill"]
 
 RANKING_KINDS = ("pairwise", "listmle", "kendall_soft")
 
 
 def _check_pair(name: str, student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> None:
-    if not isinstance(student_logits, torch.Tensor) or not isinstance(teacher_logits, torch.Tensor):
-        raise TypeError(f"{name}: student_logits and teacher_logits must be torch.Tensor")
+    v.tensor(name, "student_logits", student_logits, floating=True)
+    v.tensor(name, "teacher_logits", teacher_logits, floating=True)
     if student_logits.ndim != 2:
         raise ValueError(f"{name}: student_logits must have shape (B, C), got {tuple(student_logits.shape)}")
     if teacher_logits.shape != student_logits.shape:
@@ -40,14 +41,6 @@ def _check_pair(name: str, student_logits: torch.Tensor, teacher_logits: torch.T
                          f"{tuple(student_logits.shape)}")
     if student_logits.shape[1] < 2:
         raise ValueError(f"{name}: need C >= 2 classes, got {student_logits.shape[1]}")
-    if not (student_logits.is_floating_point() and teacher_logits.is_floating_point()):
-        raise TypeError(f"{name}: logits must be floating tensors")
-
-
-def _positive_float(name: str, arg: str, v: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name}: {arg} must be a finite number > 0, got {v!r}")
-    return float(v)
 
 
 class KLDistillLoss(nn.Module):
@@ -65,9 +58,9 @@ class KLDistillLoss(nn.Module):
 
     def __init__(self, *, tau: float = 4.0, student_tau: float | None = None, scale_by_tau2: bool = True) -> None:
         super().__init__()
-        self.tau = _positive_float("KLDistillLoss", "tau", tau)
-        self.student_tau = self.tau if student_tau is None else _positive_float("KLDistillLoss", "student_tau",
-                                                                                 student_tau)
+        self.tau = v.positive("KLDistillLoss", "tau", tau)
+        self.student_tau = (self.tau if student_tau is None
+                            else v.positive("KLDistillLoss", "student_tau", student_tau))
         self.scale_by_tau2 = bool(scale_by_tau2)
 
     def forward(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
@@ -116,13 +109,12 @@ class RankingKDLoss(nn.Module):
     def __init__(self, *, kind: Literal["pairwise", "listmle", "kendall_soft"] = "pairwise",
                  top_k: int | None = None, tau_s: float = 1.0) -> None:
         super().__init__()
-        if kind not in RANKING_KINDS:
-            raise ValueError(f"RankingKDLoss: unknown kind {kind!r}; valid: {', '.join(RANKING_KINDS)}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"RankingKDLoss: top_k must be None or an int >= 1, got {top_k!r}")
+        v.one_of("RankingKDLoss", "kind", kind, RANKING_KINDS)
+        if top_k is not None:
+            v.integer("RankingKDLoss", "top_k", top_k, minimum=1)
         self.kind = kind
         self.top_k = top_k
-        self.tau_s = _positive_float("RankingKDLoss", "tau_s", tau_s)
+        self.tau_s = v.positive("RankingKDLoss", "tau_s", tau_s)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, top_k={self.top_k}, tau_s={self.tau_s}"
@@ -195,14 +187,10 @@ def distill(student: nn.Module, teacher: nn.Module | Callable[[torch.Tensor], to
         raise TypeError(f"distill: teacher must be an nn.Module, a callable or None, got {type(teacher).__name__}")
     if loss is not None and not callable(loss):
         raise TypeError(f"distill: loss must be callable or None, got {type(loss).__name__}")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"distill: epochs must be an int >= 1, got {epochs!r}")
-    if isinstance(kd_weight, bool) or not isinstance(kd_weight, (int, float)):
-        raise TypeError(f"distill: kd_weight must be a real number, got {type(kd_weight).__name__}")
-    if not (0.0 <= kd_weight <= 1.0):
-        raise ValueError(f"distill: kd_weight must be in [0, 1], got {kd_weight}")
+    v.integer("distill", "epochs", epochs, minimum=1)
+    v.probability("distill", "kd_weight", kd_weight)
     if optimizer is None:
-        _positive_float("distill", "lr", lr)
+        v.positive("distill", "lr", lr)
     params = list(student.parameters())
     if not params:
         raise ValueError("distill: student has no parameters")

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from icml24.common import validate as v
 from icml24.common.config import ExperimentConfig
 from icml24.common.config import help_text as _h
 from icml24.common.nets import MLP
@@ -49,21 +50,19 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if len(self.widths) < 2 or any(w < 1 for w in self.widths) or list(self.widths) != sorted(set(self.widths)):
-            raise ValueError(f"widths must be >= 2 increasing positive ints, got {self.widths}")
-        if 1.0 not in self.ratios or any(r < 1 for r in self.ratios):
-            raise ValueError(f"ratios must contain 1.0 (LoRA) and be >= 1, got {self.ratios}")
-        if self.default_ratio not in self.ratios:
-            raise ValueError(f"default_ratio ({self.default_ratio}) must be one of ratios {self.ratios}")
-        if not self.lrs or any(lr <= 0 for lr in self.lrs):
-            raise ValueError(f"lrs must be positive, got {self.lrs}")
-        for name in ("steps", "n_samples", "in_dim", "rank", "target_rank", "final_window"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.final_window > self.steps:
-            raise ValueError(f"final_window ({self.final_window}) must be <= steps ({self.steps})")
-        if self.toy_c <= 0:
-            raise ValueError(f"toy_c must be > 0, got {self.toy_c}")
+        w = "Config"
+        v.each(w, "widths", self.widths, v.integer, minimum=1)
+        if len(self.widths) < 2 or list(self.widths) != sorted(set(self.widths)):
+            raise ValueError(f"{w}: widths must be >= 2 increasing positive ints, got {self.widths}")
+        v.each(w, "ratios", self.ratios, v.at_least, 1.0)
+        if 1.0 not in self.ratios:
+            raise ValueError(f"{w}: ratios must contain 1.0 (LoRA), got {self.ratios}")
+        v.one_of(w, "default_ratio", self.default_ratio, self.ratios)
+        v.each(w, "lrs", self.lrs, v.positive)
+        for name in ("steps", "n_samples", "in_dim", "rank", "target_rank"):
+            v.integer(w, name, getattr(self, name), minimum=1)
+        v.integer(w, "final_window", self.final_window, minimum=1, maximum=self.steps)
+        v.positive(w, "toy_c", self.toy_c)
 
     @classmethod
     def quick(cls) -> Config:

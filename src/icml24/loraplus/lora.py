@@ -20,6 +20,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from icml24.common import validate as v
+
 __all__ = ["LoRALinear", "apply_lora", "lora_parameter_names"]
 
 
@@ -39,15 +41,10 @@ class LoRALinear(nn.Module):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise TypeError(f"LoRALinear: base must be an nn.Linear, got {type(base).__name__}")
-        if not isinstance(r, int) or r <= 0:
-            raise ValueError(f"LoRALinear: r must be a positive int, got {r!r}")
-        alpha = float(r if alpha is None else alpha)
-        if not math.isfinite(alpha) or alpha <= 0:
-            raise ValueError(f"LoRALinear: alpha must be finite and > 0, got {alpha}")
-        if init not in ("A", "B"):
-            raise ValueError(f"LoRALinear: init must be 'A' or 'B', got {init!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"LoRALinear: dropout must be in [0, 1), got {dropout}")
+        v.integer("LoRALinear", "r", r, minimum=1)
+        alpha = v.positive("LoRALinear", "alpha", r if alpha is None else alpha)
+        v.one_of("LoRALinear", "init", init, ("A", "B"))
+        v.in_range("LoRALinear", "dropout", dropout, 0.0, 1.0, high_open=True)
         self.base = base
         for p in self.base.parameters():
             p.requires_grad_(False)
@@ -125,8 +122,7 @@ def apply_lora(model: nn.Module, *, target_modules: str | Sequence[str], r: int,
     Raises:
         ValueError: ``target_modules`` match no ``nn.Linear``; invalid ``r``/``alpha``/``init``.
     """
-    if not isinstance(r, int) or r <= 0:
-        raise ValueError(f"apply_lora: r must be a positive int, got {r!r}")
+    v.integer("apply_lora", "r", r, minimum=1)
     if not target_modules:
         raise ValueError("apply_lora: target_modules is empty")
     targets = [(n, m) for n, m in model.named_modules() if n and _matches(n, target_modules)]

@@ -15,11 +15,12 @@ decay), ``B_no_decay`` (the members of B that are biases or LayerNorm parameters
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import nn
+
+from icml24.common import validate as v
 
 __all__ = ["loraplus_param_groups", "create_loraplus_optimizer", "GROUP_ORDER"]
 
@@ -49,11 +50,6 @@ def _is_lora_embedding(model: nn.Module, name: str) -> bool:
     return isinstance(_owner(model, name, 2), PeftLoraEmbedding)
 
 
-def _check_float(name: str, value: float, *, low: float, inclusive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"loraplus: {name} must be a finite number, got {value!r}")
-    if value < low or (value == low and not inclusive):
-        raise ValueError(f"loraplus: {name} must be {'>=' if inclusive else '>'} {low}, got {value}")
     return float(value)
 
 
@@ -78,10 +74,10 @@ def loraplus_param_groups(model: nn.Module, *, lr: float, loraplus_lr_ratio: flo
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"loraplus: model must be an nn.Module, got {type(model).__name__}")
-    lr = _check_float("lr", lr, low=0.0)
-    ratio = _check_float("loraplus_lr_ratio", loraplus_lr_ratio, low=1.0, inclusive=True)
-    weight_decay = _check_float("weight_decay", weight_decay, low=0.0, inclusive=True)
-    lr_emb = _check_float("loraplus_lr_embedding", loraplus_lr_embedding, low=0.0)
+    lr = v.positive("loraplus", "lr", lr)
+    ratio = v.at_least("loraplus", "loraplus_lr_ratio", loraplus_lr_ratio, 1.0)
+    weight_decay = v.non_negative("loraplus", "weight_decay", weight_decay)
+    lr_emb = v.positive("loraplus", "loraplus_lr_embedding", loraplus_lr_embedding)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not any("lora_" in n for n, _ in named):
         raise ValueError("loraplus: the model has no trainable LoRA parameters (names containing 'lora_'); "

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from icml24.common import validate as v
+
 __all__ = ["toy_feature_updates"]
 
 
@@ -33,12 +35,11 @@ def toy_feature_updates(*, n: int, eta_a: float, eta_b: float, steps: int = 2, d
     Returns:
         ``{"delta_A": median δ_A, "delta_B": median δ_B}``.
     """
-    if n < 1:
-        raise ValueError(f"toy_feature_updates: n must be >= 1, got {n}")
-    if steps < 2:
-        raise ValueError(f"toy_feature_updates: steps must be >= 2, got {steps}")
-    if eta_a <= 0 or eta_b <= 0:
-        raise ValueError(f"toy_feature_updates: learning rates must be > 0, got {eta_a}, {eta_b}")
+    w = "toy_feature_updates"
+    v.integer(w, "n", n, minimum=1)
+    v.integer(w, "steps", steps, minimum=2)
+    v.positive(w, "eta_a", eta_a)
+    v.positive(w, "eta_b", eta_b)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((draws, n))
     a = rng.standard_normal((draws, n)) / np.sqrt(n)

@@ -29,6 +29,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
 
+from icml24.common import validate as v
 from icml24.common.config import ExperimentConfig
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
@@ -67,28 +68,18 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        w = "Config"
         for name in ("epochs", "hidden", "rank", "router_experts", "router_hidden"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.embed_dim < 0:
-            raise ValueError(f"embed_dim must be >= 0, got {self.embed_dim}")
-        if self.alpha <= 0:
-            raise ValueError(f"alpha must be > 0, got {self.alpha}")
-        if self.twd_weight < 0:
-            raise ValueError(f"twd_weight must be >= 0, got {self.twd_weight}")
-        if self.tau <= 0:
-            raise ValueError(f"tau must be > 0, got {self.tau}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if self.batch_size < 2 * N_TASKS or self.batch_size % N_TASKS:
-            raise ValueError(f"batch_size must be a multiple of {N_TASKS} and >= {2 * N_TASKS} "
+            v.integer(w, name, getattr(self, name), minimum=1)
+        v.integer(w, "embed_dim", self.embed_dim, minimum=0)
+        for name in ("alpha", "tau", "lr"):
+            v.positive(w, name, getattr(self, name))
+        for name in ("twd_weight", "weight_decay", "noise_std"):
+            v.non_negative(w, name, getattr(self, name))
+        if v.integer(w, "batch_size", self.batch_size, minimum=2 * N_TASKS) % N_TASKS:
+            raise ValueError(f"{w}: batch_size must be a multiple of {N_TASKS} and >= {2 * N_TASKS} "
                              f"(>= 2 samples per domain for TwD positives), got {self.batch_size}")
-        if not 0.05 <= self.test_fraction <= 0.8:
-            raise ValueError(f"test_fraction must be in [0.05, 0.8], got {self.test_fraction}")
-        if self.noise_std < 0:
-            raise ValueError(f"noise_std must be >= 0, got {self.noise_std}")
+        v.in_range(w, "test_fraction", self.test_fraction, 0.05, 0.8)
 
     @classmethod
     def quick(cls) -> Config:
@@ -132,9 +123,9 @@ def make_domains(*, seed: int, test_fraction: float = 0.3, noise_std: float = 2.
             xd = xd + rng.normal(0.0, noise_std, size=xd.shape)
         xtr, xte, ytr, yte = train_test_split(xd / 16.0, yd, test_size=test_fraction, random_state=seed,
                                               stratify=yd)
-        for k, v in (("xtr", xtr), ("ytr", ytr), ("ttr", np.full(len(ytr), d)),
+        for k, arr in (("xtr", xtr), ("ytr", ytr), ("ttr", np.full(len(ytr), d)),
                      ("xte", xte), ("yte", yte), ("tte", np.full(len(yte), d))):
-            parts[k].append(v)
+            parts[k].append(arr)
     f = lambda k: torch.as_tensor(np.concatenate(parts[k]), dtype=torch.float32)  # noqa: E731
     i = lambda k: torch.as_tensor(np.concatenate(parts[k]), dtype=torch.long)  # noqa: E731
     return Domains(f("xtr"), i("ytr"), i("ttr"), f("xte"), i("yte"), i("tte"))

@@ -23,23 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from icml24.common import validate as v
+
 __all__ = ["MoLALinear", "MoLAConv2d", "TaskGate", "Router", "MoLAModel", "apply_mola"]
-
-
-def _check_int(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"mola: {name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"mola: {name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _check_alpha(alpha: object) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise TypeError(f"mola: alpha must be a number, got {type(alpha).__name__}")
-    if not math.isfinite(alpha) or alpha <= 0:
-        raise ValueError(f"mola: alpha must be a finite number > 0, got {alpha}")
-    return float(alpha)
 
 
 class _MoLALayer(nn.Module):
@@ -90,9 +76,9 @@ class MoLALinear(_MoLALayer):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise TypeError(f"mola: MoLALinear needs an nn.Linear, got {type(base).__name__}")
-        self.num_experts = _check_int("num_experts", num_experts)
-        self.rank = _check_int("rank", rank)
-        self.alpha = _check_alpha(alpha)
+        self.num_experts = v.integer("mola", "num_experts", num_experts, minimum=1)
+        self.rank = v.integer("mola", "rank", rank, minimum=1)
+        self.alpha = v.positive("mola", "alpha", alpha)
         self.scaling = self.alpha / self.rank
         self.base = base
         w = base.weight
@@ -140,9 +126,9 @@ class MoLAConv2d(_MoLALayer):
             raise TypeError(f"mola: MoLAConv2d needs an nn.Conv2d, got {type(base).__name__}")
         if base.padding_mode != "zeros":
             raise ValueError(f"mola: MoLAConv2d supports padding_mode='zeros' only, got {base.padding_mode!r}")
-        self.num_experts = _check_int("num_experts", num_experts)
-        self.rank = _check_int("rank", rank)
-        self.alpha = _check_alpha(alpha)
+        self.num_experts = v.integer("mola", "num_experts", num_experts, minimum=1)
+        self.rank = v.integer("mola", "rank", rank, minimum=1)
+        self.alpha = v.positive("mola", "alpha", alpha)
         self.scaling = self.alpha / self.rank
         self.base = base
         kh, kw = base.kernel_size
@@ -189,7 +175,7 @@ class TaskGate(nn.Module):
 
     def __init__(self, *, num_experts: int) -> None:
         super().__init__()
-        self.num_experts = _check_int("num_experts", num_experts)
+        self.num_experts = v.integer("mola", "num_experts", num_experts, minimum=1)
 
     def forward(self, task_ids: torch.Tensor) -> torch.Tensor:
         """Args: task_ids ``(B,)`` integer tensor in ``[0, E)``. Returns the float gates ``(B, E)``."""
@@ -226,16 +212,16 @@ class Router(nn.Module):
     def __init__(self, *, num_experts: int, in_features: int | None = None, hidden: Sequence[int] = (32,),
                  net: nn.Module | None = None, embed_dim: int = 32) -> None:
         super().__init__()
-        self.num_experts = _check_int("num_experts", num_experts)
-        _check_int("embed_dim", embed_dim, minimum=0)
+        self.num_experts = v.integer("mola", "num_experts", num_experts, minimum=1)
+        v.integer("mola", "embed_dim", embed_dim, minimum=0)
         if net is None:
             if in_features is None:
                 raise ValueError("mola: Router needs in_features (or a custom net)")
-            _check_int("in_features", in_features)
+            v.integer("mola", "in_features", in_features, minimum=1)
             widths = [in_features, *hidden]
             layers: list[nn.Module] = [nn.Flatten(1)]
             for a, b in zip(widths[:-1], widths[1:], strict=True):
-                layers += [nn.Linear(a, _check_int("hidden width", b)), nn.ReLU()]
+                layers += [nn.Linear(a, v.integer("mola", "hidden width", b, minimum=1)), nn.ReLU()]
             layers.append(nn.Linear(widths[-1], num_experts))
             net = nn.Sequential(*layers)
         elif not isinstance(net, nn.Module):
@@ -361,9 +347,9 @@ def apply_mola(model: nn.Module, *, target_modules: str | Sequence[str], num_exp
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"mola: model must be an nn.Module, got {type(model).__name__}")
-    _check_int("num_experts", num_experts)
-    _check_int("rank", rank)
-    _check_alpha(alpha)
+    v.integer("mola", "num_experts", num_experts, minimum=1)
+    v.integer("mola", "rank", rank, minimum=1)
+    v.positive("mola", "alpha", alpha)
     if not isinstance(target_modules, str) and (
             not isinstance(target_modules, Sequence) or not all(isinstance(t, str) for t in target_modules)):
         raise TypeError("mola: target_modules must be a regex string or a sequence of module names")

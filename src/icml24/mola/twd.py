@@ -11,11 +11,12 @@ It pulls the routing of same-task samples together and pushes different tasks ap
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
+
+from icml24.common import validate as v
 
 __all__ = ["twd_loss"]
 
@@ -44,10 +45,8 @@ def twd_loss(gates: torch.Tensor, task_ids: torch.Tensor, *, tau: float = 1.0,
         raise TypeError(f"mola: twd_loss task_ids must be integers, got dtype {task_ids.dtype}")
     if task_ids.shape[0] != gates.shape[0]:
         raise ValueError(f"mola: twd_loss got {gates.shape[0]} gates but {task_ids.shape[0]} task ids")
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
-        raise ValueError(f"mola: tau must be a finite number > 0, got {tau}")
-    if reduction not in ("pairs", "anchors"):
-        raise ValueError(f"mola: reduction must be 'pairs' or 'anchors', got {reduction!r}")
+    v.positive("mola", "tau", tau)
+    v.one_of("mola", "reduction", reduction, ("pairs", "anchors"))
     task_ids = task_ids.to(gates.device)
     b = gates.shape[0]
     u = F.normalize(gates.float(), dim=1)

@@ -18,6 +18,7 @@ from typing import Literal
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig
 from icml24.common.config import help_text as _h
 from icml24.common.plotting import new_figure, save_figure
@@ -75,25 +76,21 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.dims or any(d not in (1, 2, 3) for d in self.dims):
-            raise ValueError(f"dims must be a non-empty tuple of 1, 2 or 3, got {self.dims}")
-        if not self.betas or any((not math.isfinite(b)) or b <= 0 for b in self.betas):
-            raise ValueError(f"betas must be positive numbers, got {self.betas}")
-        if len(self.n_grid) < 2 or any(n < 2 for n in self.n_grid) or list(self.n_grid) != sorted(set(self.n_grid)):
-            raise ValueError(f"n_grid must hold >= 2 increasing sizes >= 2, got {self.n_grid}")
-        if not (math.isfinite(self.rho) and self.rho > 0):
-            raise ValueError(f"rho must be a finite number > 0, got {self.rho}")
+        w = "Config"
+        val.each(w, "dims", self.dims, val.one_of, (1, 2, 3))
+        val.each(w, "betas", self.betas, val.positive)
+        val.each(w, "n_grid", self.n_grid, val.integer, minimum=2)
+        if len(self.n_grid) < 2 or list(self.n_grid) != sorted(set(self.n_grid)):
+            raise ValueError(f"{w}: n_grid must hold >= 2 increasing sizes >= 2, got {self.n_grid}")
+        val.positive(w, "rho", self.rho)
         for name in ("degree_d1", "degree_d2", "max_cutoff_d1", "max_cutoff_d2", "samples_per_cell", "noise_draws"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.kappa_stat < 0 or self.kappa_priv < 0:
-            raise ValueError(f"kappa_stat and kappa_priv must be >= 0, got {self.kappa_stat}, {self.kappa_priv}")
-        if self.decay_excess < 0:
-            raise ValueError(f"decay_excess must be >= 0, got {self.decay_excess}")
-        if self.dominated_cost < 1:
-            raise ValueError(f"dominated_cost must be >= 1, got {self.dominated_cost}")
-        if self.slope_tol <= 0 or self.lepskii_factor <= 1 or self.naive_factor <= 1:
-            raise ValueError("slope_tol must be > 0 and lepskii_factor, naive_factor > 1")
+            val.integer(w, name, getattr(self, name), minimum=1)
+        for name in ("kappa_stat", "kappa_priv", "decay_excess"):
+            val.non_negative(w, name, getattr(self, name))
+        val.in_range(w, "dominated_cost", self.dominated_cost, 1.0, math.inf)
+        val.positive(w, "slope_tol", self.slope_tol)
+        val.in_range(w, "lepskii_factor", self.lepskii_factor, 1.0, math.inf, low_open=True)
+        val.in_range(w, "naive_factor", self.naive_factor, 1.0, math.inf, low_open=True)
 
     @classmethod
     def quick(cls) -> Config:

@@ -21,6 +21,8 @@ from typing import Literal
 
 import numpy as np
 
+from icml24.common import validate as v
+
 __all__ = [
     "ZCDP",
     "PureDP",
@@ -48,17 +50,6 @@ _SQRT2 = math.sqrt(2.0)
 # ----------------------------------------------------------------------------------------------------------
 # privacy definitions
 # ----------------------------------------------------------------------------------------------------------
-def _check_pos_finite(name: str, value: float, *, upper: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{_P}: {name} must be a real number, got {type(value).__name__}")
-    v = float(value)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{_P}: {name} must be a finite number > 0, got {value}")
-    if upper is not None and v >= upper:
-        raise ValueError(f"{_P}: {name} must be < {upper}, got {value}")
-    return v
-
-
 @dataclass(frozen=True)
 class ZCDP:
     """rho-zero-concentrated DP (Bun & Steinke 2016), released with the Gaussian mechanism.
@@ -73,7 +64,7 @@ class ZCDP:
     rho: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rho", _check_pos_finite("rho", self.rho))
+        object.__setattr__(self, "rho", v.positive(_P, "rho", self.rho))
 
     @property
     def budget(self) -> float:
@@ -84,7 +75,7 @@ class ZCDP:
 
     def to_approx_dp(self, *, delta: float) -> tuple[float, float]:
         """``(epsilon, delta)`` with epsilon = rho + 2 sqrt(rho log(1/delta)) (Bun & Steinke, Prop. 1.3)."""
-        delta = _check_pos_finite("delta", delta, upper=1.0)
+        delta = v.probability(_P, "delta", delta, open_low=True, open_high=True)
         return self.rho + 2.0 * math.sqrt(self.rho * math.log(1.0 / delta)), delta
 
 
@@ -99,7 +90,7 @@ class PureDP:
     epsilon: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", _check_pos_finite("epsilon", self.epsilon))
+        object.__setattr__(self, "epsilon", v.positive(_P, "epsilon", self.epsilon))
 
     @property
     def budget(self) -> float:
@@ -125,8 +116,9 @@ class ApproxDP:
     delta: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", _check_pos_finite("epsilon", self.epsilon, upper=1.0))
-        object.__setattr__(self, "delta", _check_pos_finite("delta", self.delta, upper=1.0))
+        eps = v.probability(_P, "epsilon", self.epsilon, open_low=True, open_high=True)
+        object.__setattr__(self, "epsilon", eps)
+        object.__setattr__(self, "delta", v.probability(_P, "delta", self.delta, open_low=True, open_high=True))
 
     @property
     def budget(self) -> float:
@@ -160,29 +152,11 @@ def _compose(parts: Sequence[Privacy]) -> Privacy:
 # ----------------------------------------------------------------------------------------------------------
 # index sets and the basis
 # ----------------------------------------------------------------------------------------------------------
-def _number(name: str, value: object) -> float:
-    """``float(value)`` for a real number; a TypeError naming ``name`` for strings, bools and non-numbers."""
-    if isinstance(value, (str, bytes, bool, np.bool_)):
-        raise TypeError(f"{_P}: {name} must be a number, got {value!r}")
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{_P}: {name} must be a number, got {value!r}") from e
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{_P}: {name} must be an int, got {type(value).__name__}")
-    if int(value) < minimum:
-        raise ValueError(f"{_P}: {name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def cube_index_set(*, cutoff: int, dim: int) -> np.ndarray:
     """K_N = {k in Z^d : |k|_inf <= N} as an ``((2N+1)^d, d)`` int array in lexicographic order (first
     coordinate slowest), the order used by every cube computation in this module."""
-    cutoff = _check_int("cutoff", cutoff, minimum=0)
-    dim = _check_int("dim", dim, minimum=1)
+    cutoff = v.integer(_P, "cutoff", cutoff, minimum=0)
+    dim = v.integer(_P, "dim", dim, minimum=1)
     axes = [np.arange(-cutoff, cutoff + 1)] * dim
     grid = np.meshgrid(*axes, indexing="ij")
     return np.stack([g.reshape(-1) for g in grid], axis=1).astype(np.int64)
@@ -290,10 +264,10 @@ def empirical_coefficients(x: object, *, cutoff: int | None = None, index_set: o
     """
     if (cutoff is None) == (index_set is None):
         raise ValueError(f"{_P}: give exactly one of cutoff or index_set")
-    chunk_size = _check_int("chunk_size", chunk_size, minimum=1)
+    chunk_size = v.integer(_P, "chunk_size", chunk_size, minimum=1)
     pts = _check_points(x)
     if cutoff is not None:
-        cutoff = _check_int("cutoff", cutoff, minimum=0)
+        cutoff = v.integer(_P, "cutoff", cutoff, minimum=0)
         return _cube_coefficients(pts, cutoff, chunk_size)
     k = _check_index_set(index_set, pts.shape[1])
     acc = np.zeros(k.shape[0])
@@ -316,10 +290,6 @@ def _is_sign_symmetric(k: np.ndarray) -> bool:
     return True
 
 
-def _check_n(n: object) -> int:
-    return _check_int("n", n, minimum=1)
-
-
 def l2_sensitivity(index_set: object, *, n: int) -> float:
     """Delta_2 = sup_{x,x'} ||phi(x) - phi(x')||_2 / n over k in K \\ {0}, replace-one neighbours.
 
@@ -327,7 +297,7 @@ def l2_sensitivity(index_set: object, *, n: int) -> float:
     sign-symmetric K (cos^2 + sin^2 = 1 per frequency) and at most sum_{k != 0} 2^{nnz(k)} otherwise.
     """
     k = _check_index_set(index_set)
-    n = _check_n(n)
+    n = v.integer(_P, "n", n, minimum=1)
     nz = k[_nnz(k) > 0]
     s = float(nz.shape[0]) if _is_sign_symmetric(k) else float(np.sum(2.0 ** _nnz(nz)))
     return 2.0 * math.sqrt(s) / n
@@ -336,7 +306,7 @@ def l2_sensitivity(index_set: object, *, n: int) -> float:
 def l1_sensitivity(index_set: object, *, n: int) -> float:
     """Delta_1 = 2 sum_{k != 0} sup|phi_k| / n = 2 sum_{k != 0} 2^{nnz(k)/2} / n (replace-one neighbours)."""
     k = _check_index_set(index_set)
-    n = _check_n(n)
+    n = v.integer(_P, "n", n, minimum=1)
     nz = k[_nnz(k) > 0]
     return 2.0 * float(np.sum(2.0 ** (_nnz(nz) / 2.0))) / n
 
@@ -466,13 +436,11 @@ class TrigDensity:
             floor: lower bound of f, in (0, 1).
             scaling: "bound" or "grid".
         """
-        beta = _check_pos_finite("beta", beta)
-        degree = _check_int("degree", degree, minimum=1)
-        floor = _check_pos_finite("floor", floor, upper=1.0)
-        if not math.isfinite(decay_excess) or decay_excess < 0:
-            raise ValueError(f"{_P}: decay_excess must be >= 0, got {decay_excess}")
-        if scaling not in ("bound", "grid"):
-            raise ValueError(f"{_P}: scaling must be 'bound' or 'grid', got {scaling!r}")
+        beta = v.positive(_P, "beta", beta)
+        degree = v.integer(_P, "degree", degree, minimum=1)
+        floor = v.probability(_P, "floor", floor, open_low=True, open_high=True)
+        v.non_negative(_P, "decay_excess", decay_excess)
+        v.one_of(_P, "scaling", scaling, ("bound", "grid"))
         k = cube_index_set(cutoff=degree, dim=dim)
         rng = np.random.default_rng(seed)
         sq = (k.astype(np.float64) ** 2).sum(1)
@@ -521,7 +489,7 @@ class TrigDensity:
         Raises:
             RuntimeError: a proposal with f < 0 or f > envelope (the draw would not be exact).
         """
-        n = _check_n(n)
+        n = v.integer(_P, "n", n, minimum=1)
         if not isinstance(rng, np.random.Generator):
             raise TypeError(f"{_P}: rng must be a numpy Generator, got {type(rng).__name__}")
         bound = self.envelope
@@ -566,7 +534,7 @@ class TrigDensity:
     def second_moments(self, *, cutoff: int) -> np.ndarray:
         """E_f[phi_k(X)^2] for k in K_N (lexicographic order), exact: f phi_k^2 is a trigonometric polynomial
         of degree <= M + 2N per coordinate, so the rectangle rule on P = M + 2N + 1 points per axis is exact."""
-        cutoff = _check_int("cutoff", cutoff, minimum=0)
+        cutoff = v.integer(_P, "cutoff", cutoff, minimum=0)
         p = self.degree + 2 * cutoff + 1
         g = (np.arange(p) + 0.5) / p
         mesh = np.meshgrid(*([g] * self.dim), indexing="ij")
@@ -579,7 +547,7 @@ class TrigDensity:
 
     def bias2(self, *, cutoff: int) -> float:
         """sum_{k not in K_N} theta_k^2 (the squared L2 bias of the projection on K_N)."""
-        cutoff = _check_int("cutoff", cutoff, minimum=0)
+        cutoff = v.integer(_P, "cutoff", cutoff, minimum=0)
         out = np.abs(self.index_set).max(1) > cutoff
         return float(np.sum(self.coefficients[out] ** 2))
 
@@ -592,7 +560,7 @@ def expected_mise(density: TrigDensity, *, cutoff: int, n: int, privacy: Privacy
     """
     if not isinstance(density, TrigDensity):
         raise TypeError(f"{_P}: density must be a TrigDensity, got {type(density).__name__}")
-    n = _check_n(n)
+    n = v.integer(_P, "n", n, minimum=1)
     k = cube_index_set(cutoff=cutoff, dim=density.dim)
     nz = _nnz(k) > 0
     theta = density.coefficients_on(k)
@@ -677,7 +645,7 @@ class PrivateProjectionDensity(_ProjectionBase):
         if (cutoff is None) == (index_set is None):
             raise ValueError(f"{_P}: give exactly one of cutoff or index_set")
         if cutoff is not None:
-            _check_int("cutoff", cutoff, minimum=0)
+            v.integer(_P, "cutoff", cutoff, minimum=0)
         else:
             _check_index_set(index_set)
         _check_privacy(privacy, allow_none=True)
@@ -717,7 +685,7 @@ class PrivateProjectionDensity(_ProjectionBase):
 
 def dyadic_cutoffs(max_cutoff: int) -> tuple[int, ...]:
     """(0, 1, 2, 4, ..., max_cutoff) (max_cutoff appended if it is not a power of two)."""
-    max_cutoff = _check_int("max_cutoff", max_cutoff, minimum=1)
+    max_cutoff = v.integer(_P, "max_cutoff", max_cutoff, minimum=1)
     out = [0]
     c = 1
     while c < max_cutoff:
@@ -765,24 +733,21 @@ class PrivateLepskiiDensity(_ProjectionBase):
         _check_privacy(privacy, allow_none=False)
         if cutoffs is None:
             cutoffs = dyadic_cutoffs(max_cutoff)
-        cut = tuple(_check_int("cutoffs[i]", c, minimum=0) for c in cutoffs)
+        cut = tuple(v.integer(_P, "cutoffs[i]", c, minimum=0) for c in cutoffs)
         if len(cut) < 2 or any(b <= a for a, b in zip(cut, cut[1:], strict=False)):
             raise ValueError(f"{_P}: cutoffs must be >= 2 strictly increasing ints, got {tuple(cutoffs)}")
-        if scheme not in ("shell", "independent"):
-            raise ValueError(f"{_P}: scheme must be 'shell' or 'independent', got {scheme!r}")
-        for name, v in (("kappa_stat", kappa_stat), ("kappa_priv", kappa_priv)):
-            fv = _number(name, v)
-            if not math.isfinite(fv) or fv < 0:
-                raise ValueError(f"{_P}: {name} must be a finite number >= 0, got {v}")
+        v.one_of(_P, "scheme", scheme, ("shell", "independent"))
+        v.non_negative(_P, "kappa_stat", kappa_stat)
+        v.non_negative(_P, "kappa_priv", kappa_priv)
         n_rel = sum(c > 0 for c in cut)
         if budget_weights is None:
             w = np.full(n_rel, 1.0 / n_rel)
         else:
             if isinstance(budget_weights, (str, bytes)):
                 raise TypeError(f"{_P}: budget_weights must be a sequence of numbers, got {budget_weights!r}")
-            w = np.asarray([_number("budget_weights[i]", b)
-                            for b in np.asarray(budget_weights, dtype=object).reshape(-1)], dtype=np.float64)
-            if w.shape[0] != n_rel or not np.all(np.isfinite(w)) or np.any(w <= 0):
+            w = np.asarray(v.each(_P, "budget_weights", list(np.asarray(budget_weights, dtype=object).reshape(-1)),
+                                  v.positive), dtype=np.float64)
+            if w.shape[0] != n_rel:
                 raise ValueError(f"{_P}: budget_weights must be {n_rel} positive numbers (one per cutoff > 0), "
                                  f"got {budget_weights}")
             w = w / w.sum()
@@ -808,8 +773,8 @@ class PrivateLepskiiDensity(_ProjectionBase):
         (lexicographic order of :func:`cube_index_set`) of n samples; lets one data set feed several
         estimators without recomputing them. The privacy guarantee holds only if ``theta_hat`` really are
         the empirical coefficients of n records in [0,1]^d."""
-        n = _check_n(n)
-        d = _check_int("dim", dim, minimum=1)
+        n = v.integer(_P, "n", n, minimum=1)
+        d = v.integer(_P, "dim", dim, minimum=1)
         nmax = self.cutoffs[-1]
         kmax = cube_index_set(cutoff=nmax, dim=d)
         theta_hat = np.asarray(theta_hat, dtype=np.float64).reshape(-1)
@@ -879,10 +844,8 @@ class PrivateLepskiiDensity(_ProjectionBase):
         ``kappa_priv=0`` is the privacy-naive rule)."""
         if not hasattr(self, "candidate_coefficients_"):
             raise RuntimeError(f"{_P}: call fit(X) first")
-        k1 = self.kappa_stat if kappa_stat is None else _number("kappa_stat", kappa_stat)
-        k2 = self.kappa_priv if kappa_priv is None else _number("kappa_priv", kappa_priv)
-        if k1 < 0 or k2 < 0 or not (math.isfinite(k1) and math.isfinite(k2)):
-            raise ValueError(f"{_P}: kappa_stat and kappa_priv must be finite and >= 0, got {k1}, {k2}")
+        k1 = self.kappa_stat if kappa_stat is None else v.non_negative(_P, "kappa_stat", kappa_stat)
+        k2 = self.kappa_priv if kappa_priv is None else v.non_negative(_P, "kappa_priv", kappa_priv)
         n = self.n_samples_
         size = {c: (2 * c + 1) ** self.dim_ for c in self.cutoffs}
         thr = {c: k1 * (size[c] - 1) * math.log(n) / n + k2 * self.candidate_noise_energy_[c]

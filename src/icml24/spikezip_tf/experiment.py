@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig
 from icml24.common.config import help_text as _h
 from icml24.common.data import digits_images
@@ -60,26 +61,22 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        w = "Config"
         for k in ("embed_dim", "depth", "num_heads", "batch_size", "max_steps", "text_len"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+            val.integer(w, k, getattr(self, k), minimum=1)
         for k in ("ann_epochs", "qat_epochs", "n_test", "text_epochs", "plateau_window"):
-            if getattr(self, k) < 0:
-                raise ValueError(f"{k} must be >= 0, got {getattr(self, k)}")
-        if self.level < 4:
-            raise ValueError(f"level must be >= 4 (signed quantizers), got {self.level}")
+            val.integer(w, k, getattr(self, k), minimum=0)
+        val.integer(w, "level (signed quantizers)", self.level, minimum=4)
         if self.embed_dim % self.num_heads:
-            raise ValueError(f"embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})")
-        if self.lr <= 0 or self.qat_lr <= 0:
-            raise ValueError(f"lr and qat_lr must be > 0, got {self.lr}, {self.qat_lr}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if not 0.0 < self.test_size < 1.0:
-            raise ValueError(f"test_size must be in (0, 1), got {self.test_size}")
-        if self.mlp_ratio <= 0:
-            raise ValueError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
-        if self.text_task and (self.text_train < 1 or self.text_test < 1 or self.text_len < 4):
-            raise ValueError("text_train, text_test must be >= 1 and text_len >= 4")
+            raise ValueError(f"{w}: embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})")
+        for k in ("lr", "qat_lr", "mlp_ratio"):
+            val.positive(w, k, getattr(self, k))
+        val.non_negative(w, "weight_decay", self.weight_decay)
+        val.probability(w, "test_size", self.test_size, open_low=True, open_high=True)
+        if self.text_task:
+            val.integer(w, "text_train", self.text_train, minimum=1)
+            val.integer(w, "text_test", self.text_test, minimum=1)
+            val.integer(w, "text_len", self.text_len, minimum=4)
 
     @classmethod
     def quick(cls) -> Config:

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from icml24.common import validate as val
+
 from icml24.common.nets import Attention, Mlp, PatchEmbed
 
 __all__ = ["Quantizer", "QAttention", "quantize", "calibrate", "quantizers", "additive_mask", "check_mask",
@@ -48,10 +50,7 @@ def check_activations(model: nn.Module, *, who: str = "spikezip_tf") -> None:
 
 
 def _check_level(level: int, name: str = "level", *, sym: bool = True) -> None:
-    if isinstance(level, bool) or not isinstance(level, int):
-        raise TypeError(f"spikezip_tf: {name} must be an int, got {type(level).__name__}")
-    if level < 2:
-        raise ValueError(f"spikezip_tf: {name} (quantization levels L) must be >= 2, got {level}")
+    val.integer("spikezip_tf", f"{name} (quantization levels L)", level, minimum=2)
     if sym and level < 4:
         # L = 2 or 3 gives the signed range [-1, 0]: every positive activation would be quantised to 0
         raise ValueError(f"spikezip_tf: a signed quantizer needs {name} >= 4 (got {level})")
@@ -83,8 +82,7 @@ class Quantizer(nn.Module):
     def __init__(self, *, level: int, sym: bool, s_init: float = 1.0) -> None:
         super().__init__()
         _check_level(level, sym=sym)
-        if not s_init > 0:
-            raise ValueError(f"spikezip_tf: s_init must be > 0, got {s_init}")
+        val.positive("spikezip_tf", "s_init", s_init)
         self.level = int(level)
         self.sym = bool(sym)
         self.pos_max = level // 2 - 1 if sym else level - 1
@@ -98,8 +96,7 @@ class Quantizer(nn.Module):
 
     def set_scale(self, s: float) -> None:
         """Set the step ``s`` (> 0) and mark the quantizer initialised."""
-        if not s > 0:
-            raise ValueError(f"spikezip_tf: scale s must be > 0, got {s}")
+        val.positive("spikezip_tf", "scale s", s)
         with torch.no_grad():
             self.s.fill_(float(s))
             self.initialized.fill_(True)
@@ -120,8 +117,7 @@ def check_mask(mask: torch.Tensor | None, b: int, n: int) -> None:
     """Raise ``ValueError`` unless ``mask`` is None or a key mask of shape ``(B, N) = (b, n)``."""
     if mask is None:
         return
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"spikezip_tf: mask must be a tensor, got {type(mask).__name__}")
+    val.tensor("spikezip_tf", "mask", mask)
     if tuple(mask.shape) != (b, n):
         raise ValueError(f"spikezip_tf: mask must have shape ({b}, {n}), got {tuple(mask.shape)}")
 

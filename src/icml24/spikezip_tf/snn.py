@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from icml24.common import validate as val
+
 from icml24.common.nets import TinyViT
 from icml24.spikezip_tf.qann import (
     QAttention,
@@ -64,14 +66,12 @@ class STBIFNeuron(_Stateful):
     def __init__(self, *, threshold: float | torch.Tensor, pos_max: int, neg_min: int, v_init: float = 0.5,
                  negative_spikes: bool = True) -> None:
         super().__init__()
+        val.positive("spikezip_tf", "threshold", threshold)
         thr = (threshold.detach().clone() if isinstance(threshold, torch.Tensor)
                else torch.tensor(float(threshold), dtype=torch.float64))
-        if thr.numel() != 1 or not float(thr) > 0:
-            raise ValueError(f"spikezip_tf: threshold must be one positive number, got {threshold}")
         if pos_max < neg_min:
             raise ValueError(f"spikezip_tf: pos_max ({pos_max}) must be >= neg_min ({neg_min})")
-        if not 0.0 <= v_init < 1.0:
-            raise ValueError(f"spikezip_tf: v_init must be in [0, 1), got {v_init}")
+        val.in_range("spikezip_tf", "v_init", v_init, 0.0, 1.0, high_open=True)
         self.register_buffer("threshold", thr.reshape(()))
         self.pos_max = int(pos_max)
         self.neg_min = int(neg_min)
@@ -471,12 +471,8 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
     """
     if not isinstance(snn, SpikingModel):
         raise TypeError(f"spikezip_tf: snn must be a SpikingModel (from convert()), got {type(snn).__name__}")
-    if isinstance(max_steps, bool) or not isinstance(max_steps, int):
-        raise TypeError(f"spikezip_tf: max_steps must be an int, got {type(max_steps).__name__}")
-    if max_steps < 1:
-        raise ValueError(f"spikezip_tf: max_steps must be >= 1, got {max_steps}")
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"spikezip_tf: x must be a tensor, got {type(x).__name__}")
+    val.integer("spikezip_tf", "max_steps", max_steps, minimum=1)
+    val.tensor("spikezip_tf", "x", x)
     p = next(iter(snn.net.parameters()))
     x = x.to(p.device)
     if x.is_floating_point():

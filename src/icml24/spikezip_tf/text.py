@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from icml24.common import validate as v
+
 from icml24.common.nets import Attention, Block, Mlp
 from icml24.spikezip_tf.qann import additive_mask, check_mask
 
@@ -71,10 +73,9 @@ class TinyTextEncoder(nn.Module):
                  num_heads: int = 4, mlp_ratio: float = 4.0, act_layer: Callable[[], nn.Module] = nn.ReLU,
                  norm_eps: float = 1e-6) -> None:
         super().__init__()
-        for k, v in dict(vocab_size=vocab_size, max_len=max_len, num_classes=num_classes, embed_dim=embed_dim,
+        for k, n in dict(vocab_size=vocab_size, max_len=max_len, num_classes=num_classes, embed_dim=embed_dim,
                          depth=depth, num_heads=num_heads).items():
-            if v < 1:
-                raise ValueError(f"TinyTextEncoder: {k} must be >= 1, got {v}")
+            v.integer("TinyTextEncoder", k, n, minimum=1)
         norm = partial(nn.LayerNorm, eps=norm_eps)
         self.max_len = max_len
         self.tok_embed = nn.Embedding(vocab_size, embed_dim)
