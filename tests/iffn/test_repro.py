@@ -92,8 +92,8 @@ def test_same_seed_same_numbers():
     ({"toy_hidden": (7,)}, "toy_hidden"),
     ({"toy_targets": ("bogus",)}, "toy_targets"),
     ({"kernel_size": 4}, "kernel_size must be odd"),
-    ({"lr": 0.0}, "lr must be > 0"),
-    ({"n_instances": 0}, "n_instances must be >= 1"),
+    ({"lr": 0.0}, "lr must be a finite number > 0"),
+    ({"n_instances": 0}, "n_instances must be an int >= 1"),
 ])
 def test_config_validation(change, match):
     with pytest.raises(ValueError, match=match):

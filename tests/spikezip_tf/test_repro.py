@@ -58,9 +58,9 @@ def test_quick_artefacts_and_claims(quick):
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="level must be >= 4"):
+    with pytest.raises(ValueError, match=r"level \(signed quantizers\) must be an int >= 4"):
         Config(level=3)
-    with pytest.raises(ValueError, match="max_steps must be >= 1"):
+    with pytest.raises(ValueError, match="max_steps must be an int >= 1"):
         Config(max_steps=0)
     with pytest.raises(ValueError, match="divisible"):
         Config(embed_dim=30, num_heads=4)
