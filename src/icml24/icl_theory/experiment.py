@@ -401,7 +401,6 @@ def _plots(cfg: Config, est: dict, extra2: dict, curves: dict, out_dir: Path) ->
     Tf = np.geomspace(Ts.min(), Ts.max(), 50)
     fig, axes = new_figure(2 * len(cfg.d_grid), width=4.6)
     for i, d in enumerate(cfg.d_grid):
-        w = HierarchicalLinearModel(d=d, sigma_psi=cfg.sigma_psi, sigma_theta=cfg.sigma_theta, sigma=cfg.sigma)
         ax_m, ax_i = axes[2 * i], axes[2 * i + 1]
         for M in cfg.M_grid:
             c = colors[M]
@@ -409,12 +408,13 @@ def _plots(cfg: Config, est: dict, extra2: dict, curves: dict, out_dir: Path) ->
             ax_m.errorbar(Ts, [e.mean("meta_mc") for e in es], yerr=[2 * e.se("meta_mc") for e in es], fmt="o",
                           color=c, ms=4, label=f"M={M}: Bayes − oracle (MC)")
             ax_m.plot(Ts, [e.mean("meta") for e in es], "-", color=c, lw=1)
-            ax_m.plot(Tf, [asymptotic_meta_error(w, M=M, T=int(round(t))) for t in Tf], ":", color=c, lw=1)
+            ax_m.plot(Tf, 0.5 * d * np.log1p(cfg.sigma_psi ** 2 * M * Tf / (cfg.sigma ** 2 + cfg.sigma_theta ** 2 * Tf))
+                      / (M * Tf), ":", color=c, lw=1)
             ax_i.errorbar(Ts * (1 + 0.03 * cfg.M_grid.index(M)), [e.mean("excess_oracle") for e in es],
                           yerr=[2 * e.se("excess_oracle") for e in es], fmt="o", color=c, ms=4,
                           label=f"M={M}: oracle excess (MC)")
-        ax_i.plot(Tf, [asymptotic_intra_error(w, T=int(round(t))) for t in Tf], "k:", label="(d/2T)ln(1+σ_θ²T/σ²)")
-        ax_i.plot(Tf, d * np.log(Tf) / (2 * Tf), "k--", lw=0.8, label="d ln T/(2T)")
+        ax_i.plot(Tf, 0.5 * d * np.log1p(cfg.sigma_theta ** 2 * Tf / cfg.sigma ** 2) / Tf, "k:",
+                  label="bound (d/2T)ln(1+σ_θ²T/σ²)")
         for ax, what in ((ax_m, "meta-learning error"), (ax_i, "intra-task error")):
             ax.set_xscale("log")
             ax.set_yscale("log")
