@@ -269,3 +269,27 @@ def test_bad_inputs():
     env.set_state(env.goal)
     with pytest.raises(ValueError, match="terminal"):
         TSTS(env=env, value_model=net, budget=5).plan()
+
+
+# ----------------------------------------------------------------------------------------------- GridLeaper
+def test_gridleaper_bellman_and_exact_planning():
+    from icml24.bayes_mcts import GridLeaper
+
+    env = GridLeaper(lanes=3, width=7, seed=2)
+    q0 = env.q_star(env.start)
+    # Bellman consistency of the exact Q through the simulator
+    for s in [env.start, (1, 2, 3), (2, 5, 1)]:
+        if env.car_at(*s):
+            continue
+        for a in env.actions:
+            env.set_state(s)
+            r, term = env.step(a)
+            nxt = 0.0 if term else env.q_star(env.get_state()).max()
+            assert env.q_star(s)[a] == pytest.approx(r + nxt)
+    env.set_state(env.start)
+    net = SimulatedValueModel(q_star=env.q_star, sigma_err=0.0, seed=2)
+    ep = run_episode(env=env, planner=TSTS(env=env, value_model=net, budget=10), max_steps=25)
+    assert ep.success and ep.ret == pytest.approx(q0.max()) and ep.steps == GridLeaper(lanes=3, width=7,
+                                                                                       seed=2).optimal_steps()
+    with pytest.raises(ValueError, match="lanes"):
+        GridLeaper(lanes=0)

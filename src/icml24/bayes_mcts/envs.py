@@ -19,7 +19,7 @@ import numpy as np
 
 from icml24.common import validate as v
 
-__all__ = ["PlanningEnv", "check_env", "GridMaze", "GymnasiumAdapter", "MiniGridAdapter", "make_minigrid",
+__all__ = ["PlanningEnv", "check_env", "GridMaze", "GridLeaper", "GymnasiumAdapter", "MiniGridAdapter", "make_minigrid",
            "brute_force_q", "GOAL_REWARD", "STEP_PENALTY"]
 
 GOAL_REWARD = 10.0  # official procgen wrapper: env reward 10 at the goal
@@ -176,6 +176,108 @@ class GridMaze:
             s2 = self.next_state(state, a)
             out[a] = GOAL_REWARD - STEP_PENALTY - d[s2]
         return out
+
+
+# ----------------------------------------------------------------------------------------------------- GridLeaper
+class GridLeaper:
+    """A frogger-like crossing (the analog of Procgen Leaper): road lanes of cars between a start and a goal row.
+
+    Rows ``0`` (start, safe) to ``lanes + 1`` (goal); lane ``i`` holds a fixed random car pattern on a ring of
+    ``width`` cells that shifts by one cell per step, alternating direction lane by lane. Actions: 0 up, 1 down,
+    2 left, 3 right, 4 wait. After the agent moves the cars move; the agent dies (terminal, reward 0 beyond the
+    step's cost) if its cell then holds a car. Rewards as the official Leaper wrapper: −0.1 for up, −0.2
+    otherwise, +10 on reaching the goal row. The state ``(row, x, t mod width)`` is the full state (dynamics
+    are periodic), so Q* is exact by value iteration over the ``(lanes + 2)·width²`` states.
+
+    Args:
+        lanes: number of road lanes (>= 1).
+        width: cells per lane (>= 3).
+        density: fraction of a lane occupied by cars.
+        seed: the car patterns' seed.
+    """
+
+    GOAL = 10.0
+
+    def __init__(self, *, lanes: int = 4, width: int = 9, density: float = 0.35, seed: int = 0) -> None:
+        self.lanes = v.integer("GridLeaper", "lanes", lanes, minimum=1)
+        self.width = v.integer("GridLeaper", "width", width, minimum=3)
+        v.in_range("GridLeaper", "density", density, 0.0, 1.0, high_open=True)
+        rng = np.random.default_rng(v.integer("GridLeaper", "seed", seed, minimum=0))
+        n_cars = max(1, int(round(density * self.width)))
+        self.cars = np.zeros((self.lanes, self.width), dtype=bool)  # pattern at t = 0
+        for i in range(self.lanes):
+            self.cars[i, rng.choice(self.width, size=n_cars, replace=False)] = True
+        self.direction = np.array([1 if i % 2 == 0 else -1 for i in range(self.lanes)])
+        self.start = (0, self.width // 2, 0)
+        self.state = self.start
+        self._q: dict[tuple[int, int, int], np.ndarray] | None = None
+
+    @property
+    def actions(self) -> tuple[int, ...]:
+        return (0, 1, 2, 3, 4)
+
+    def car_at(self, row: int, x: int, t: int) -> bool:
+        if not 1 <= row <= self.lanes:
+            return False
+        i = row - 1
+        return bool(self.cars[i, (x - self.direction[i] * t) % self.width])
+
+    def get_state(self) -> tuple[int, int, int]:
+        return self.state
+
+    def set_state(self, state: tuple[int, int, int]) -> None:
+        self.state = state
+
+    def is_terminal(self) -> bool:
+        row, x, t = self.state
+        return row == self.lanes + 1 or self.car_at(row, x, t)
+
+    def is_success(self, state: tuple[int, int, int]) -> bool:
+        return state[0] == self.lanes + 1
+
+    def step(self, action: int) -> tuple[float, bool]:
+        row, x, t = self.state
+        dr, dx = ((1, 0), (-1, 0), (0, -1), (0, 1), (0, 0))[action]
+        row = min(max(row + dr, 0), self.lanes + 1)
+        x = min(max(x + dx, 0), self.width - 1)
+        t = (t + 1) % self.width
+        self.state = (row, x, t)
+        r = -0.1 if action == 0 else -0.2
+        if row == self.lanes + 1:
+            return r + self.GOAL, True
+        return r, self.car_at(row, x, t)
+
+    def q_star(self, state: tuple[int, int, int]) -> np.ndarray:
+        """Exact ``Q*(s, ·)`` (value iteration over every state, γ = 1)."""
+        if self._q is None:
+            keep = self.state
+            self._q = {}
+            for row in range(self.lanes + 1):
+                for x in range(self.width):
+                    for t in range(self.width):
+                        if (row, x, t) not in self._q and not self.car_at(row, x, t):
+                            self.state = (row, x, t)
+                            self._q.update(brute_force_q(self, max_states=10**6))
+            self.state = keep
+        return self._q[tuple(state)].copy()
+
+    def optimal_steps(self) -> int:
+        """Steps of a shortest successful path from the start (for the step limit)."""
+        dist, frontier = {self.start: 0}, deque([self.start])
+        while frontier:
+            s = frontier.popleft()
+            for a in self.actions:
+                self.state = s
+                _, term = self.step(a)
+                s2 = self.state
+                if self.is_success(s2):
+                    self.state = self.start
+                    return dist[s] + 1
+                if not term and s2 not in dist:
+                    dist[s2] = dist[s] + 1
+                    frontier.append(s2)
+        self.state = self.start
+        raise ValueError("GridLeaper: the goal is unreachable from the start for this seed")
 
 
 # ----------------------------------------------------------------------------------------------------- gymnasium
