@@ -23,7 +23,7 @@ def test_quick_run_writes_a_complete_result(quick):
     for name in ("success_vs_budget.png", "example_tree.png"):
         assert (out / name).stat().st_size > 1000
     kinds = [c.kind for c in res.claim_checks]
-    assert kinds.count("claim") == 2 and kinds.count("sanity") == 4  # GridMaze only in quick mode
+    assert kinds.count("claim") == 2 and kinds.count("sanity") == 5  # GridMaze only in quick mode
     assert set(res.extra["tuned"]["gridmaze"]) == {"nmcts", "bts", "tsts"}
     iqm = res.extra["iqm"]["success"]
     assert set(iqm) >= {"tsts", "nmcts"} and all(v["ci_low"] <= v["iqm"] <= v["ci_high"] for v in iqm.values())
@@ -51,6 +51,8 @@ def test_episode_metrics_are_consistent():
 def test_config_validation():
     with pytest.raises(ValueError, match="same size"):
         Config(c_grid=(1.0,))
+    with pytest.raises(ValueError, match="increasing"):
+        Config(c_grid=(4.0, 1.0, 0.5, 0.25, 0.0))
     with pytest.raises(ValueError, match="maze_size"):
         Config(maze_size=1)
     with pytest.raises(ValueError, match="n_sweep"):

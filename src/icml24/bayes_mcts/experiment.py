@@ -49,11 +49,11 @@ class Config(ExperimentConfig):
     sweep_budgets: tuple[int, ...] = field(default=(5, 10, 20, 50), metadata=help_text(
         "T values of the success-vs-budget sweep on GridMaze (ours)"))
     n_sweep: int = field(default=10, metadata=help_text("test mazes used by the budget sweep (the first n)")) 
-    c_grid: tuple[float, ...] = field(default=(0.5, 1.414, 4.0, 16.0), metadata=help_text(
-        "N-MCTS c grid (official 1.414)"))
-    bts_scale_grid: tuple[float, ...] = field(default=(1.0, 3.0, 10.0, 30.0), metadata=help_text(
+    c_grid: tuple[float, ...] = field(default=(0.0, 0.25, 0.5, 1.414, 4.0), metadata=help_text(
+        "N-MCTS c grid (official 1.414; down to c = 0, the domain's edge, so the baseline is never clipped)"))
+    bts_scale_grid: tuple[float, ...] = field(default=(0.3, 1.0, 3.0, 10.0, 30.0), metadata=help_text(
         "BTS percentile-scale grid (official 3)"))
-    tsts_scale_grid: tuple[float, ...] = field(default=(0.5, 1.0, 2.0, 4.0), metadata=help_text(
+    tsts_scale_grid: tuple[float, ...] = field(default=(0.25, 0.5, 1.0, 2.0, 4.0), metadata=help_text(
         "TSTS sampling-std scale grid (official 1)"))
     claim_margin: float = field(default=0.3, metadata=help_text("success-rate margin of the claims (issue: 0.3)"))
     control_loss: float = field(default=0.5, metadata=help_text(
@@ -69,8 +69,8 @@ class Config(ExperimentConfig):
                 raise ValueError(f"{name} must be >= {2 if name == 'maze_size' else 1}, got {getattr(self, name)}")
         for name in ("c_grid", "bts_scale_grid", "tsts_scale_grid", "sweep_budgets"):
             g = getattr(self, name)
-            if not g or any(x <= 0 for x in g):
-                raise ValueError(f"{name} must hold values > 0, got {g!r}")
+            if not g or any(x < 0 if name == "c_grid" else x <= 0 for x in g) or list(g) != sorted(set(g)):
+                raise ValueError(f"{name} must be strictly increasing values > 0 (c_grid: >= 0), got {g!r}")
         if not (len(self.c_grid) == len(self.bts_scale_grid) == len(self.tsts_scale_grid)):
             raise ValueError("c_grid, bts_scale_grid and tsts_scale_grid must have the same size (equal tuning budget)")
         if self.sigma_err < 0:
@@ -81,7 +81,7 @@ class Config(ExperimentConfig):
     @classmethod
     def quick(cls) -> Config:
         return cls(seeds=tuple(range(10)), n_val=2, maze_size=4, minigrid_env="", budget=10, budget2=20,
-                   sweep_budgets=(5, 10, 20), n_sweep=4, c_grid=(1.414, 8.0), bts_scale_grid=(3.0, 10.0),
+                   sweep_budgets=(5, 10, 20), n_sweep=4, c_grid=(0.0, 1.414), bts_scale_grid=(3.0, 10.0),
                    tsts_scale_grid=(1.0, 2.0), iqm_reps=200)
 
 
@@ -231,6 +231,14 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
              f"N-MCTS ({label['gridmaze']}, T={T})", kind="sanity", metric=f"gridmaze_T{T}_success",
         measured=frac, threshold=cfg.control_loss, direction=">=", method_arm="tsts_const", baseline_arm="tsts",
         detail=f"gain TSTS − N-MCTS = {gain:.3g}, TSTS − TSTS_const = {lost:.3g}; NaN (fails) if there is no gain"))
+    for e in envs:
+        c_best, grid = tuned[e]["nmcts"], cfg.c_grid
+        inside = c_best == 0.0 or grid[0] < c_best < grid[-1]
+        checks.append(ClaimCheck(
+            name=f"baseline tuned, not clipped ({label[e]}): N-MCTS's validation-best c is inside its grid or c = 0",
+            kind="sanity", metric="c_puct", measured=float(inside), threshold=1.0, direction=">=",
+            method_arm="nmcts", detail=f"c grid {grid}, tuned c = {c_best}, validation success "
+                                       f"{val_curves[e]['nmcts']}"))
     ex = mean("gridmaze", T, "nmcts_exact")
     checks.append(ClaimCheck(
         name=f"N-MCTS solves the mazes with an exact network (σ_err=0; success >= {cfg.exact_min})", kind="sanity",
