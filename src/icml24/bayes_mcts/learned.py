@@ -41,13 +41,16 @@ def _open_cells(maze: GridMaze) -> list[tuple[int, int]]:
 
 
 def maze_features(maze: GridMaze, states: list[tuple[int, int]]) -> torch.Tensor:
-    """Input of the network: the wall grid and a one-hot agent position, flattened (``2·(2n+1)²`` features)."""
+    """Input of the network: the wall grid, a one-hot agent position and the position's coordinates scaled to
+    [0, 1] (``2·(2n+1)² + 2`` features)."""
     walls = torch.as_tensor(maze.wall, dtype=torch.float32).flatten()
-    x = torch.zeros(len(states), 2 * walls.numel())
-    x[:, :walls.numel()] = walls
-    w = maze.wall.shape[1]
+    n = walls.numel()
+    x = torch.zeros(len(states), 2 * n + 2)
+    x[:, :n] = walls
+    h, w = maze.wall.shape
     for i, (r, c) in enumerate(states):
-        x[i, walls.numel() + r * w + c] = 1.0
+        x[i, n + r * w + c] = 1.0
+        x[i, 2 * n], x[i, 2 * n + 1] = r / (h - 1), c / (w - 1)
     return x
 
 
@@ -68,18 +71,23 @@ class GaussianQNet(nn.Module):
 
 def train_value_ensemble(*, mazes: list[GridMaze], n_members: int = 5, hidden: tuple[int, ...] = (256, 256),
                          epochs: int = 40, lr: float = 1e-3, batch_size: int = 256, seed: int = 0,
-                         device: str = "cpu") -> list[GaussianQNet]:
-    """Train ``n_members`` Gaussian Q-networks (different initialisations and batch orders) on Q* labels."""
+                         device: str = "cpu",
+                         cells: list[list[tuple[int, int]]] | None = None) -> list[GaussianQNet]:
+    """Train ``n_members`` Gaussian Q-networks (different initialisations and batch orders) on Q* labels
+    of every open cell of ``mazes`` (or of ``cells[i]`` in maze i)."""
     v.integer("train_value_ensemble", "n_members", n_members, minimum=1)
     v.integer("train_value_ensemble", "epochs", epochs, minimum=1)
     v.positive("train_value_ensemble", "lr", lr)
     if not mazes:
         raise ValueError("train_value_ensemble: mazes must hold at least one GridMaze")
+    if cells is not None and len(cells) != len(mazes):
+        raise ValueError(f"train_value_ensemble: cells must give one list per maze, got {len(cells)} for "
+                         f"{len(mazes)} mazes")
     xs, ys = [], []
-    for m in mazes:
-        cells = _open_cells(m)
-        xs.append(maze_features(m, cells))
-        ys.append(torch.as_tensor(np.stack([m.q_star(s) for s in cells]), dtype=torch.float32))
+    for i, m in enumerate(mazes):
+        cs = _open_cells(m) if cells is None else cells[i]
+        xs.append(maze_features(m, cs))
+        ys.append(torch.as_tensor(np.stack([m.q_star(s) for s in cs]), dtype=torch.float32))
     x, y = torch.cat(xs).to(device), torch.cat(ys).to(device)
     nets = []
     for k in range(n_members):
@@ -140,17 +148,42 @@ class EnsembleValueModel:
 
 
 # ---------------------------------------------------------------------------------------------- experiment
-def run_learned(*, out: Path, quick: bool = False, tuned: dict[str, float] | None = None) -> dict[str, Any]:
-    """TSTS with learned uncertainty vs N-MCTS on the experiment's test mazes (reported, no claim)."""
+def run_learned(*, out: Path, quick: bool = False, tuned: dict[str, float] | None = None,
+                protocol: Literal["across", "within"] = "across") -> dict[str, Any]:
+    """TSTS with learned uncertainty vs N-MCTS on the experiment's test mazes (reported, no claim).
+
+    ``across``: one ensemble trained on 200 other mazes (generalisation to new layouts; ``learned.json``).
+    ``within``: per test maze, an ensemble trained on a random half of its cells (generalisation to unseen
+    states of a known layout, where an ensemble's disagreement should flag the unseen half;
+    ``learned_within.json``); ``const`` then uses that maze's RMSE.
+    """
     t0 = time.perf_counter()
     torch.set_num_threads(1)
     size, n_train, n_test, budget = (4, 30, 6, 10) if quick else (6, 200, 20, 20)
     tuned = tuned or {"c_puct": 1.414, "exploration": 1.0}
-    nets = train_value_ensemble(mazes=[GridMaze(size=size, seed=5000 + i) for i in range(n_train)],
-                                n_members=3 if quick else 5, epochs=10 if quick else 40, seed=0)
-    val = [GridMaze(size=size, seed=500 + j) for j in range(5)]
-    err = [EnsembleValueModel(nets=nets, maze=m)(s)[0] - m.q_star(s) for m in val for s in _open_cells(m)]
-    rmse = float(np.sqrt(np.mean(np.square(err))))
+    members = 3 if quick else 5
+    nets_for: dict[int, list[GaussianQNet]] = {}
+    rmse_for: dict[int, float] = {}
+    if protocol == "across":
+        nets = train_value_ensemble(mazes=[GridMaze(size=size, seed=5000 + i) for i in range(n_train)],
+                                    n_members=members, epochs=10 if quick else 40, seed=0)
+        val = [GridMaze(size=size, seed=500 + j) for j in range(5)]
+        err = [EnsembleValueModel(nets=nets, maze=m)(s)[0] - m.q_star(s) for m in val for s in _open_cells(m)]
+        rmse = float(np.sqrt(np.mean(np.square(err))))
+        for i in range(n_test):
+            nets_for[1000 + i], rmse_for[1000 + i] = nets, rmse
+    else:
+        n_train = 0
+        for i in range(n_test):
+            maze = GridMaze(size=size, seed=1000 + i)
+            cs = _open_cells(maze)
+            pick = np.random.default_rng(i).permutation(len(cs))[: len(cs) // 2]
+            nets_for[1000 + i] = train_value_ensemble(mazes=[maze], cells=[[cs[j] for j in pick]],
+                                                      n_members=members, epochs=100 if quick else 300,
+                                                      hidden=(128, 128), batch_size=64, seed=i)
+            err = [EnsembleValueModel(nets=nets_for[1000 + i], maze=maze)(s)[0] - maze.q_star(s) for s in cs]
+            rmse_for[1000 + i] = float(np.sqrt(np.mean(np.square(err))))
+        rmse = float(np.mean(list(rmse_for.values())))
     arms = {"nmcts": ("nmcts", "ensemble"), "tsts_ensemble": ("tsts", "ensemble"), "tsts_mle": ("tsts", "mle"),
             "tsts_const": ("tsts", "const"), "tsts_gt": ("tsts", "gt"), "greedy": ("greedy", "ensemble")}
     res: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
@@ -159,7 +192,7 @@ def run_learned(*, out: Path, quick: bool = False, tuned: dict[str, float] | Non
         seed = 1000 + i
         for a, (p, mode) in arms.items():
             maze = GridMaze(size=size, seed=seed)
-            model = EnsembleValueModel(nets=nets, maze=maze, std_mode=mode, const_std=rmse)
+            model = EnsembleValueModel(nets=nets_for[seed], maze=maze, std_mode=mode, const_std=rmse_for[seed])
             knobs = {"c_puct": tuned["c_puct"]} if p == "nmcts" else ({"exploration": tuned["exploration"]}
                                                                         if p == "tsts" else {})
             d = maze.optimal_steps()
@@ -179,7 +212,7 @@ def run_learned(*, out: Path, quick: bool = False, tuned: dict[str, float] | Non
                          baseline=[r["success"] for r in res["nmcts"]], direction=">=", kind="mechanism",
                          bootstrap=n_test >= 10)
         diffs[f"{a}_minus_nmcts"] = {"mean": c.measured, "ci_low": c.ci_low, "ci_high": c.ci_high}
-    out_d = {"mode": "quick" if quick else "full", "maze_size": size, "n_train_mazes": n_train, "n_test": n_test,
+    out_d = {"mode": "quick" if quick else "full", "protocol": protocol, "maze_size": size, "n_train_mazes": n_train, "n_test": n_test,
              "budget": budget, "tuned_knobs": tuned, "network_rmse_val": rmse, "success": succ,
              "paired_vs_nmcts": diffs,
              "corr_abs_error_vs_sigma": {k: float(np.mean(x)) for k, x in calib.items() if x},
@@ -187,7 +220,8 @@ def run_learned(*, out: Path, quick: bool = False, tuned: dict[str, float] | Non
              "wall_s": round(time.perf_counter() - t0, 1)}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "learned.json", json.dumps(out_d, indent=2) + "\n")
+    name = "learned" if protocol == "across" else "learned_within"
+    write_atomic(out / f"{name}.json", json.dumps(out_d, indent=2) + "\n")
     from icml24.common.plotting import new_figure, save_figure
 
     fig, axes = new_figure(1, width=6.0)
@@ -195,9 +229,9 @@ def run_learned(*, out: Path, quick: bool = False, tuned: dict[str, float] | Non
     axes[0].bar(names, [succ[a] for a in names], color=["tab:gray", "tab:red", "tab:orange", "tab:pink",
                                                          "tab:purple", "k"])
     axes[0].set(ylabel="success rate", ylim=(0, 1.05),
-                title=f"learned Q-network (val RMSE {rmse:.2f}), GridMaze {size}×{size}, T={budget}")
+                title=f"learned Q-network ({protocol}, RMSE {rmse:.2f}), GridMaze {size}×{size}, T={budget}")
     axes[0].tick_params(axis="x", rotation=30)
-    save_figure(fig, out / "learned.png")
+    save_figure(fig, out / f"{name}.png")
     return out_d
 
 
@@ -205,6 +239,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("results/bayes_mcts"))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--protocol", choices=("across", "within"), default="across")
     ap.add_argument("--tuned-from", type=Path, default=None,
                     help="results.json of the main run: reuse its GridMaze-tuned c_puct and TSTS exploration")
     a = ap.parse_args()
@@ -212,7 +247,7 @@ def main() -> None:
     if a.tuned_from is not None:
         t = json.loads(a.tuned_from.read_text())["extra"]["tuned"]["gridmaze"]
         tuned = {"c_puct": t["nmcts"], "exploration": t["tsts"]}
-    print(json.dumps(run_learned(out=a.out, quick=a.quick, tuned=tuned), indent=2))
+    print(json.dumps(run_learned(out=a.out, quick=a.quick, tuned=tuned, protocol=a.protocol), indent=2))
 
 
 if __name__ == "__main__":
