@@ -51,7 +51,8 @@ def main() -> None:
     B = rng.normal(size=(n, 4)), rng.uniform(0.1, 1, (n, 4))
     max_of_gaussians(*B)
     t2 = time.perf_counter()
-    print(f"max-of-Gaussians, K=4: fast path {(t1 - t0) / n * 1e6:.1f} µs/call; batched {(t2 - t1) / n * 1e6:.2f} µs/row")
+    print(f"max-of-Gaussians, K=4: fast path {(t1 - t0) / n * 1e6:.1f} µs/call; "
+          f"batched {(t2 - t1) / n * 1e6:.2f} µs/row")
 
 
 if __name__ == "__main__":

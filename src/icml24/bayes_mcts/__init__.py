@@ -45,7 +45,8 @@ from icml24.bayes_mcts.value_models import STD_MODES, SimulatedValueModel, Value
 __all__ = [
     "MIN_VAR", "bts_percentile", "gaussian_quantile", "linear_transform", "max_of_gaussians",
     "max_of_gaussians_mc", "max_of_two_gaussians",
-    "GridLeaper", "GridMaze", "GymnasiumAdapter", "MiniGridAdapter", "PlanningEnv", "brute_force_q", "check_env", "make_minigrid",
+    "GridLeaper", "GridMaze", "GymnasiumAdapter", "MiniGridAdapter", "PlanningEnv", "brute_force_q", "check_env",
+    "make_minigrid",
     "BTS", "NMCTS", "PLANNERS", "TSTS", "EpisodeResult", "GreedyPlanner", "Node", "SearchResult",
     "TreeSearchPlanner", "make_planner", "run_episode",
     "STD_MODES", "SimulatedValueModel", "ValueModel", "check_value_output",

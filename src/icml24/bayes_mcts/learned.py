@@ -212,7 +212,8 @@ def run_learned(*, out: Path, quick: bool = False, tuned: dict[str, float] | Non
                          baseline=[r["success"] for r in res["nmcts"]], direction=">=", kind="mechanism",
                          bootstrap=n_test >= 10)
         diffs[f"{a}_minus_nmcts"] = {"mean": c.measured, "ci_low": c.ci_low, "ci_high": c.ci_high}
-    out_d = {"mode": "quick" if quick else "full", "protocol": protocol, "maze_size": size, "n_train_mazes": n_train, "n_test": n_test,
+    out_d = {"mode": "quick" if quick else "full", "protocol": protocol, "maze_size": size,
+             "n_train_mazes": n_train, "n_test": n_test,
              "budget": budget, "tuned_knobs": tuned, "network_rmse_val": rmse, "success": succ,
              "paired_vs_nmcts": diffs,
              "corr_abs_error_vs_sigma": {k: float(np.mean(x)) for k, x in calib.items() if x},
