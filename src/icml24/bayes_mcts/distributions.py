@@ -58,6 +58,8 @@ def max_of_gaussians(means: np.ndarray, stds: np.ndarray, *, n_bins: int = 50, m
                          f"{sd.shape}")
     if n_bins < 3:
         raise ValueError(f"max_of_gaussians: n_bins must be >= 3, got {n_bins}")
+    # NOTE(deviation): one grid between the inputs' largest q_lo/q_hi quantiles, moments only; the official code
+    # re-grids the numeric CDF to the max's own quantiles and stores it, but reads only its mean and std later.
     if not (0.0 < q_range[0] < q_range[1] < 1.0):
         raise ValueError(f"max_of_gaussians: q_range must satisfy 0 < q_lo < q_hi < 1, got {q_range}")
     sd = np.maximum(sd, 1e-9)

@@ -198,6 +198,8 @@ class GridLeaper:
 
     GOAL = 10.0
 
+    # NOTE(deviation): Procgen's Leaper (not installable here) has road and river lanes and sub-step collisions;
+    # this analog keeps its reward constants and car lanes only, with collisions checked after the cars move.
     def __init__(self, *, lanes: int = 4, width: int = 9, density: float = 0.35, seed: int = 0) -> None:
         self.lanes = v.integer("GridLeaper", "lanes", lanes, minimum=1)
         self.width = v.integer("GridLeaper", "width", width, minimum=3)

@@ -108,6 +108,8 @@ class TreeSearchPlanner:
     def _make_node(self, state: Any, parent: Node | None, action: int | None, reward: float,
                    terminal: bool) -> Node:
         node = Node(state, parent, action, reward, terminal)
+        # NOTE(deviation): the network is queried once per node, at expansion (the official planners query it
+        # again for the Q priors when the node is first selected from; same numbers).
         if not terminal:
             mu, sd = check_value_output(type(self).__name__, self.value_model(state), self.n_actions, state)
             node.mu, node.sd = mu, np.maximum(sd, STD_FLOOR)
@@ -228,6 +230,7 @@ class TSTS(_BayesianTreeSearch):
 
     def __init__(self, *, variant: Literal["per_level", "frontier"] = "per_level", deterministic: bool = False,
                  exploration: float = 1.0, **kwargs: Any) -> None:
+        # NOTE(deviation): ``exploration`` (std scale, 1 = official) and ``variant="frontier"`` are additions.
         self.variant = v.one_of("TSTS", "variant", variant, ("per_level", "frontier"))
         self.exploration = v.non_negative("TSTS", "exploration", exploration)
         self.deterministic = bool(deterministic)
