@@ -92,7 +92,7 @@ def paired_ci(method: Sequence[float], baseline: Sequence[float], *, log_ratio: 
     else:
         d = a - b
     lo, hi = _interval(d, bootstrap=bootstrap, confidence=confidence, seed=seed)
-    p = float(_st.ttest_1samp(d, 0.0).pvalue) if lo != hi else float("nan")
+    p = float(_st.ttest_1samp(d, 0.0).pvalue) if d.size > 1 and lo != hi else float("nan")
     return {"mean": float(d.mean()), "ci_low": lo, "ci_high": hi, "n": int(d.size), "p_value": p}
 
 
