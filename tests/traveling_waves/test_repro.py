@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from icml24.traveling_waves import ElmanRNN, eigenvalues, near_unit_count, train_rnn
+from icml24.traveling_waves import Curriculum, ElmanRNN, eigenvalues, near_unit_count, train_rnn
 from icml24.traveling_waves.experiment import Config, run, twm_exactness
 
 
@@ -58,7 +58,7 @@ def test_same_seed_same_numbers():
         torch.manual_seed(0)
         m = ElmanRNN(d=2, hidden=8)
         r = train_rnn(m, task="T1", s=2, steps=30, generator=torch.Generator().manual_seed(1), val_generator_seed=2,
-                      val_every=10)
+                      val_every=10, val_horizon=20, curriculum=Curriculum(horizons=(4, 8)))
         return r.history, near_unit_count(eigenvalues(r.model.W_hh), threshold=0.1)
     assert once() == once()
 
