@@ -339,13 +339,13 @@ def _plots(cfg: Config, res: dict[tuple[str, int], dict[str, Any]], out_dir: Pat
     span = max(s, sp)
     fig, axes = new_figure(2)
     for ax, key, when in ((axes[0], "r2", f"{cfg.decode_delay} zero-input steps after the input"),
-                          (axes[1], "r2_delay0", "at the end of the input phase")):
+                          (axes[1], "r2_delay0", "end of the input phase")):
         for arm in ARMS:
             band(ax, list(range(span)), [res[arm, seed][key] for seed in cfg.seeds], label=arm, color=colors[arm],
                  marker="o")
         ax.axhline(cfg.r2_threshold, color="k", lw=0.5, ls="--")
         ax.axvline(sp - 0.5, color=colors["control"], lw=0.5, ls=":")
-        ax.set(title=f"linear decoding of x(window position k), {when}", xlabel="k", ylabel="held-out R²",
+        ax.set(title=f"decoding x(window position k)\n{when}", xlabel="k", ylabel="held-out R²",
                ylim=(-0.05, 1.05))
         ax.legend(fontsize=7)
     artifacts.append(save_figure(fig, out_dir / "decoded_lags.png"))
