@@ -133,6 +133,10 @@ def test_state_dict_carries_the_random_stream():
     assert opt2.last_scale == opt.last_scale
     for a, b in zip(net.parameters(), net2.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+    twin = copy.deepcopy({"net": net, "opt": opt})  # a copy keeps the wrapped optimizer and the stream
+    _train(net, opt, steps=2)
+    _train(twin["net"], twin["opt"], steps=2)
+    assert twin["opt"].last_scale == opt.last_scale and isinstance(twin["opt"].optimizer, torch.optim.Adam)
 
 
 def test_schedulers_hooks_and_default_generator():

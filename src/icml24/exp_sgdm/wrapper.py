@@ -144,6 +144,12 @@ class RandomScaling(Optimizer):
     def __repr__(self) -> str:
         return f"RandomScaling(mode={self.mode!r}, {self.optimizer!r})"
 
+    def __getstate__(self) -> dict[str, Any]:  # Optimizer's keeps only defaults/state/param_groups
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     # ------------------------------------------------------------------ the step
     @property
     def num_steps(self) -> int:
