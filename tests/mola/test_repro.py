@@ -125,10 +125,10 @@ def test_gate_separability_metrics():
 @pytest.mark.parametrize("kw,match", [
     (dict(batch_size=30), "batch_size must be a multiple of 4"),
     (dict(batch_size=4), "batch_size"),
-    (dict(rank=0), "rank must be >= 1"),
-    (dict(tau=0.0), "tau must be > 0"),
-    (dict(lr=0.0), "lr must be > 0"),
-    (dict(alpha=-1.0), "alpha must be > 0"),
+    (dict(rank=0), "rank must be an int >= 1"),
+    (dict(tau=0.0), "tau must be a finite number > 0"),
+    (dict(lr=0.0), "lr must be a finite number > 0"),
+    (dict(alpha=-1.0), "alpha must be a finite number > 0"),
     (dict(test_fraction=0.95), "test_fraction"),
 ])
 def test_config_validation(kw, match):
