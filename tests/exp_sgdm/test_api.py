@@ -166,9 +166,10 @@ def test_delta_follows_the_ogd_recursion():
     prev = torch.zeros_like(w)
     for k in range(5):
         w.grad = torch.randn(6, dtype=DT, generator=torch.Generator().manual_seed(k))
-        g = w.grad.clone()
+        g, x0 = w.grad.clone(), w.detach().clone()
         opt.step()
-        d = opt.state[w]["delta"].clone()
+        d = (w.detach() - x0) / opt.last_scale
+        torch.testing.assert_close(d, -lr * opt.state[w]["momentum_buffer"])
         torch.testing.assert_close(d, beta * (prev - lr * (1 - beta) / beta * g))
         prev = d
 
@@ -196,8 +197,10 @@ def test_one_scalar_shared_by_all_groups_and_not_in_the_state():
         opt.step()
         s = opt.last_scale
         assert s is not None and s > 0
-        for p, x0 in zip([a, b], before, strict=True):
-            torch.testing.assert_close(p.detach() - x0, s * opt.state[p]["delta"])
+        for p, x0, group in zip([a, b], before, opt.param_groups, strict=True):
+            delta = -group["lr"] * (opt.state[p]["momentum_buffer"] + group["weight_decay"] * x0)
+            torch.testing.assert_close(p.detach() - x0, s * delta)
+        assert set(opt.state[a]) == {"momentum_buffer"}  # no Δ buffer is kept
     # the learner's state does not depend on s: another random stream, same gradients, same buffers
     a2, b2, opt2 = _two_group_opt(seed=99)
     a3, b3, opt3 = _two_group_opt(seed=0)
@@ -209,7 +212,7 @@ def test_one_scalar_shared_by_all_groups_and_not_in_the_state():
     for p2, p3 in [(a2, a3), (b2, b3)]:
         torch.testing.assert_close(opt2.state[p2]["momentum_buffer"], opt3.state[p3]["momentum_buffer"])
     # without weight decay Δ = -η m is s-free too (with it, Δ_n sees x_{n-1}, i.e. only past scalars)
-    torch.testing.assert_close(opt2.state[a2]["delta"], opt3.state[a3]["delta"])
+    torch.testing.assert_close(-0.1 * opt2.state[a2]["momentum_buffer"], -0.1 * opt3.state[a3]["momentum_buffer"])
     assert not torch.allclose(a2, a3)
 
 

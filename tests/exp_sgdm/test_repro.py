@@ -76,7 +76,7 @@ def test_same_seed_same_numbers():
 @pytest.mark.parametrize("kw, match", [
     ({"momentum": 1.0}, "momentum must be in"),
     ({"lr_grid": (1.0, 0.5)}, "strictly increasing"),
-    ({"lr_grid": (0.0, 0.5)}, "lr_grid\\[0\\] must be a finite number > 0"),
+    ({"lr_grid": (0.0, 0.5)}, r"lr_grid\[0\] must be a finite number > 0"),
     ({"synth_steps": (100,)}, "synth_steps"),
     ({"datasets": ("mnist",)}, "datasets"),
     ({"epochs": 0}, "epochs must be an int >= 1"),

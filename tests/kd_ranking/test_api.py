@@ -392,3 +392,108 @@ def test_distill_bad_inputs():
         distill(student, None, _batches(x, y), "kl")
     with pytest.raises(ValueError, match=r"\(x, y, teacher_logits\)"):
         distill(student, None, _batches(x, y), KLDistillLoss())
+
+
+# ------------------------------------------------------------------ drop-in: top-K memory, tokens, masks, modes
+def _topk_pairwise_reference(s, t, k):
+    """Pairwise loss row by row over the K top classes only: O(K·C) per row, for any C."""
+    out = []
+    for si, ti in zip(s, t, strict=True):
+        top = torch.argsort(ti, descending=True, stable=True)[:k]
+        terms = [F.softplus(-(si[j] - si))[ti[j] > ti] for j in top]
+        out.append(torch.cat(terms).mean())
+    return torch.stack(out).mean()
+
+
+def test_top_k_costs_b_k_c_memory_at_ten_thousand_classes():
+    from torch.profiler import ProfilerActivity, profile
+    b, c, k = 2, 10_000, 8
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(b, c, generator=g, requires_grad=True), torch.randn(b, c, generator=g)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        got = RankingKDLoss(top_k=k)(s, t)
+        (grad,) = torch.autograd.grad(got, s)
+    peak_op = max(e.cpu_memory_usage for e in prof.events())
+    assert peak_op <= 16 * b * k * c  # the largest single allocation; all pairs (B·C² bools) would be 1250× more
+    s_ref = s.detach().clone().requires_grad_(True)
+    ref = _topk_pairwise_reference(s_ref, t, k)
+    (grad_ref,) = torch.autograd.grad(ref, s_ref)
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(grad, grad_ref)
+
+
+def _token_batch(seed=0, b=3, tt=5, vocab=7):
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(b, tt, vocab, generator=g, dtype=torch.float64)
+    t = torch.randn(b, tt, vocab, generator=g, dtype=torch.float64)
+    mask = torch.ones(b, tt, dtype=torch.long)
+    mask[0, 3:] = 0  # right padding
+    mask[2, :2] = 0  # left padding
+    return s, t, mask
+
+
+LOSSES = [lambda **kw: KLDistillLoss(tau=2.0, **kw)] + [
+    (lambda kind, top_k: lambda **kw: RankingKDLoss(kind=kind, top_k=top_k, **kw))(kind, top_k)
+    for kind in RANKING_KINDS for top_k in (None, 3)]
+
+
+@pytest.mark.parametrize("make", LOSSES)
+def test_token_level_inputs_masks_and_reductions(make):
+    s, t, mask = _token_batch()
+    keep = mask.bool()
+    rows = make()(s[keep], t[keep])  # the (N, V) loss over the kept tokens
+    torch.testing.assert_close(make()(s, t, mask=mask), rows)
+    labels = torch.randint(0, 5, mask.shape, generator=torch.Generator().manual_seed(1))
+    labels[~keep] = -100
+    torch.testing.assert_close(make()(s, t, labels=labels), rows)
+    torch.testing.assert_close(make(ignore_index=5)(s, t, labels=labels.masked_fill(~keep, 5)), rows)
+    n = int(keep.sum())
+    torch.testing.assert_close(make(reduction="sum")(s, t, mask=mask), rows * n)
+    per_tok = make(reduction="none")(s, t, mask=mask)
+    assert per_tok.shape == (3, 5) and torch.all(per_tok[~keep] == 0)
+    torch.testing.assert_close(per_tok[keep].mean(), rows)
+    torch.testing.assert_close(per_tok[1], make(reduction="none")(s[1], t[1]))  # a row is a token: (B, C) agrees
+    # padding with garbage teacher logits neither raises nor poisons the gradient
+    t_bad = t.clone()
+    t_bad[~keep] = float("nan")
+    s_req = s.clone().requires_grad_(True)
+    make()(s_req, t_bad, mask=mask).backward()
+    assert torch.isfinite(s_req.grad).all() and torch.all(s_req.grad[~keep] == 0)
+    with pytest.raises(ValueError, match="teacher_logits contain NaN or inf"):
+        make()(s, t_bad)
+
+
+def test_token_level_bad_inputs():
+    s, t, mask = _token_batch()
+    for loss in (KLDistillLoss(), RankingKDLoss()):
+        with pytest.raises(ValueError, match=r"mask must have shape \(3, 5\)"):
+            loss(s, t, mask=mask[:, :4])
+        with pytest.raises(TypeError, match="mask must be a bool or integer tensor"):
+            loss(s, t, mask=mask.double())
+        with pytest.raises(ValueError, match=r"labels must have shape \(3, 5\)"):
+            loss(s, t, labels=mask[0])
+        with pytest.raises(TypeError, match="labels must be an integer tensor"):
+            loss(s, t, labels=mask.float())
+        with pytest.raises(ValueError, match=r"shape \(B, C\) or \(B, T, V\)"):
+            loss(s[None], t[None])
+    for cls in (KLDistillLoss, RankingKDLoss):
+        with pytest.raises(ValueError, match="reduction must be one of"):
+            cls(reduction="batchmean")
+        with pytest.raises(TypeError, match="ignore_index must be an int"):
+            cls(ignore_index=-100.0)
+
+
+@pytest.mark.parametrize("teacher_mode", [True, False])
+def test_distill_restores_the_teachers_mode(teacher_mode):
+    x, y, w = _toy()
+    teacher = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Dropout(0.5))
+    teacher.train(teacher_mode)
+    teacher[1].train(not teacher_mode)  # a mixed state is restored module by module
+    seen = []
+    teacher.register_forward_pre_hook(lambda m, a: seen.append(m.training))
+    distill(torch.nn.Linear(6, 4), teacher, _batches(x, y), KLDistillLoss(), epochs=1)
+    assert seen and not any(seen)  # the teacher ran in eval()
+    assert teacher.training is teacher_mode and teacher[1].training is (not teacher_mode)
+    with pytest.raises(ValueError, match="labels"):
+        distill(torch.nn.Linear(6, 4), teacher, _batches(x, y + 10), KLDistillLoss())
+    assert teacher.training is teacher_mode  # restored also when it fails

@@ -209,3 +209,114 @@ def test_bad_layer_arguments():
         LoRALinear(nn.Linear(2, 2), r=1, init="C")
     with pytest.raises(TypeError, match="must be an nn.Linear"):
         LoRALinear(nn.Conv1d(2, 2, 1), r=1)
+
+
+# ---------------------------------------------------------------- drop-in: peft's call, norms by name, old torch
+def test_peft_positional_call_and_numpy_tensor_lr():
+    model = apply_lora(Tiny(), target_modules=["q_proj", "v_proj"], r=2, modules_to_save=["norm", "head"])
+    ref = _groups(create_loraplus_optimizer(model, optimizer_cls=torch.optim.AdamW, lr=1e-3, loraplus_lr_ratio=8))
+    for lr in (np.float32(1e-3), np.float64(1e-3), torch.tensor(1e-3, dtype=torch.float64)):
+        opt = create_loraplus_optimizer(model, torch.optim.AdamW, lr=lr, loraplus_lr_ratio=np.int64(8))
+        assert all(type(g["lr"]) is float for g in opt.param_groups)
+        got = _groups(opt)
+        for name, (names, glr, wd) in ref.items():
+            assert got[name][0] == names and got[name][2] == wd
+            assert got[name][1] == pytest.approx(glr, rel=1e-6)
+        assert opt.defaults["lr"] == pytest.approx(1e-3, rel=1e-6) and type(opt.defaults["lr"]) is float
+    with pytest.raises(TypeError, match="lr must be a finite number > 0, got str"):
+        create_loraplus_optimizer(model, torch.optim.AdamW, lr="1e-3")
+    with pytest.raises(TypeError, match="optimizer_cls must be a torch.optim.Optimizer subclass"):
+        create_loraplus_optimizer(model, "adamw", lr=1e-3)
+
+
+class _CustomNorm(nn.Module):  # a norm that is neither nn.LayerNorm nor named like one by its class
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+class LlamaLikeRMSNorm(_CustomNorm):
+    pass
+
+
+class Named(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8)
+        self.input_layernorm = _CustomNorm(8)   # name rule: layernorm
+        self.norm = _CustomNorm(8)              # name rule: (^|.)norm(.|$)
+        self.q_norm = _CustomNorm(8)            # name rule: _norm(.|$)
+        self.ln = LlamaLikeRMSNorm(8)           # type rule: class named *RMSNorm
+        self.gate = _CustomNorm(8)              # neither: a 1-D weight that is decayed
+        self.normalizer = _CustomNorm(8)        # 'norm' inside a longer word: decayed, as in transformers
+
+    def forward(self, x):
+        return self.normalizer(self.gate(self.ln(self.q_norm(self.norm(self.input_layernorm(self.q_proj(x)))))))
+
+
+def test_norms_are_kept_out_of_decay_by_name_and_by_type():
+    model = apply_lora(Named(), target_modules=["q_proj"], r=2,
+                       modules_to_save=["input_layernorm", "norm", "q_norm", "ln", "gate", "normalizer"])
+    g = _groups(create_loraplus_optimizer(model, torch.optim.AdamW, lr=1e-3, weight_decay=0.1))
+    assert g["B_no_decay"][0] == ["input_layernorm.weight", "ln.weight", "norm.weight", "q_norm.weight"]
+    assert g["B"][0] == ["gate.weight", "normalizer.weight", "q_proj.lora_B"]
+
+
+def test_no_decay_agrees_with_transformers_trainer_on_a_llama():
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
+    model = peft.get_peft_model(transformers.LlamaForCausalLM(cfg),
+                                peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    for n, p in model.named_parameters():
+        if p.ndim == 1:
+            p.requires_grad_(True)  # every norm weight trainable: the case the decay rule decides
+    decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
+    g = _groups(create_loraplus_optimizer(model, torch.optim.AdamW, lr=1e-3, weight_decay=0.1))
+    one_d = [n for n, p in model.named_parameters() if p.requires_grad and p.ndim == 1]
+    assert len(one_d) == 2 * 2 + 1  # two norms per layer and the final norm
+    assert set(g["B_no_decay"][0]) == {n for n in one_d if n not in decay} == set(one_d)
+    assert not set(g["B"][0]) - decay
+
+
+def test_import_works_without_nn_rmsnorm(monkeypatch):
+    import importlib
+
+    import icml24.loraplus.optimizer as mod
+    monkeypatch.delattr(nn, "RMSNorm", raising=False)
+    try:
+        fresh = importlib.reload(mod)
+        assert fresh._NO_DECAY_LAYERS == (nn.LayerNorm,)
+        model = apply_lora(Tiny(), target_modules=["q_proj"], r=2, modules_to_save=["norm"])
+        opt = fresh.create_loraplus_optimizer(model, torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
+        assert sorted(opt.param_groups[3]["param_names"]) == ["norm.bias", "norm.weight"]
+    finally:
+        monkeypatch.undo()
+        importlib.reload(mod)
+    assert nn.RMSNorm in mod._NO_DECAY_LAYERS
+
+
+def test_trainer_accepts_the_optimizer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
+    model = peft.get_peft_model(transformers.LlamaForCausalLM(cfg),
+                                peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    opt = create_loraplus_optimizer(model, torch.optim.AdamW, lr=np.float64(1e-3), loraplus_lr_ratio=16)
+    b_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_B" in n}
+    ids = torch.randint(0, 32, (8, 6))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+                                          lr_scheduler_type="constant", report_to="none", save_strategy="no",
+                                          use_cpu=True, disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=[{"input_ids": x, "labels": x} for x in ids],
+                                   optimizers=(opt, None))
+    trainer.train()
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([1e-3, 1e-6, 1.6e-2, 1.6e-2])
+    assert any(not torch.equal(p, b_before[n]) for n, p in model.named_parameters() if "lora_B" in n)

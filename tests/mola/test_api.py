@@ -216,7 +216,8 @@ def test_router_model_records_logits_and_twd_embedding():
     loss = twd_loss(emb, torch.tensor([0, 0, 1, 1, 2, 2]))
     loss.backward()
     assert router.net[1].weight.grad is not None and router.net[1].weight.grad.abs().sum() > 0
-    assert model.model[0].gates is None  # gates cleared after the forward
+    assert model.model[0].gates is None  # the layer's own slot is unused: gates live in the model's context
+    assert model.model[0].gate_context is model.gate_context and model.gate_context.gates is model.last_gates
 
 
 def test_same_seed_same_numbers():
@@ -308,3 +309,147 @@ def test_twd_bad_shapes():
         twd_loss(torch.randn(4, 3), torch.tensor([0.0, 0.0, 1.0, 1.0]))
     with pytest.raises(ValueError, match="reduction"):
         twd_loss(torch.randn(4, 3), torch.tensor([0, 0, 1, 1]), reduction="mean")
+
+
+# ---------------------------------------------------------------- drop-in: checkpoint, compile, kwargs, merge, freeze
+class _Blocks(nn.Module):
+    """Two blocks, each optionally run under torch.utils.checkpoint (as HF gradient checkpointing does)."""
+
+    def __init__(self, ckpt=None):
+        super().__init__()
+        self.b1 = nn.Sequential(nn.Linear(12, 16), nn.Tanh())
+        self.b2 = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+        self.head = nn.Linear(16, 3)
+        self.ckpt = ckpt  # None, or kwargs of torch.utils.checkpoint.checkpoint
+
+    def forward(self, x=None, *, features=None, scale=1.0):
+        h = x if x is not None else features
+        for blk in (self.b1, self.b2):
+            h = torch.utils.checkpoint.checkpoint(blk, h, **self.ckpt) if self.ckpt is not None else blk(h)
+        return self.head(h) * scale
+
+
+def _mola_blocks(ckpt=None, router=False, seed=0):
+    torch.manual_seed(seed)
+    r = Router(num_experts=3, in_features=12, hidden=(8,)) if router else None
+    model = apply_mola(_Blocks(ckpt), target_modules=["b1.0", "b2.0"], num_experts=3, rank=2, router=r)
+    for m in model.mola_layers:  # non-zero B so that the experts matter
+        nn.init.normal_(m.lora_B, std=0.3)
+    return model
+
+
+def _grads(model, x, t, forwards=1):
+    model.zero_grad()
+    loss = sum(model(x[i::forwards], task_ids=t[i::forwards]).pow(2).sum() for i in range(forwards))
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+# reentrant checkpoint cannot backpropagate into tensors captured from outside its inputs, such as router
+# gates that require grad (a torch limitation, documented); task gates carry no gradient and work with both.
+@pytest.mark.parametrize("router, use_reentrant", [(False, False), (False, True), (True, False)])
+def test_checkpointed_model_gives_the_same_gradients(router, use_reentrant):
+    x, t = torch.randn(8, 12, requires_grad=True), torch.tensor([0, 1, 2, 0, 1, 2, 1, 0])
+    ref_loss, ref = _grads(_mola_blocks(router=router), x, t)
+    loss, got = _grads(_mola_blocks({"use_reentrant": use_reentrant}, router=router), x, t)
+    torch.testing.assert_close(loss, ref_loss)
+    assert got.keys() == ref.keys() and any("lora_A" in n for n in got)
+    for n in ref:
+        torch.testing.assert_close(got[n], ref[n], msg=n)
+
+
+def test_checkpoint_context_fn_restores_each_forwards_gates():
+    x, t = torch.randn(8, 12), torch.tensor([0, 1, 2, 0, 1, 2, 1, 0])
+    _, ref = _grads(_mola_blocks(), x, t, forwards=2)  # two forwards (different task mixes), one backward
+    model = _mola_blocks()
+    model.model.ckpt = {"use_reentrant": False, "context_fn": model.checkpoint_context_fn}
+    _, got = _grads(model, x, t, forwards=2)
+    for n in ref:
+        torch.testing.assert_close(got[n], ref[n], msg=n)
+    # the negative control: without context_fn the first forward is recomputed with the second one's gates
+    model_plain = _mola_blocks({"use_reentrant": False})
+    _, wrong = _grads(model_plain, x, t, forwards=2)
+    assert not all(torch.allclose(wrong[n], ref[n]) for n in ref)
+
+
+def test_compiled_model_gives_the_same_outputs_and_gradients():
+    x, t = torch.randn(8, 12), torch.tensor([0, 1, 2, 0, 1, 2, 1, 0])
+    ref_loss, ref = _grads(_mola_blocks(), x, t)
+    model = _mola_blocks()
+    compiled = torch.compile(model, backend="aot_eager")
+    compiled.zero_grad()
+    loss = compiled(x, task_ids=t).pow(2).sum()
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), ref_loss)
+    for n, p in model.named_parameters():
+        if n in ref:
+            torch.testing.assert_close(p.grad, ref[n], msg=n)
+    t2 = torch.tensor([2, 2, 1, 1, 0, 0, 2, 1])  # new task ids reach the layers of the compiled graph
+    torch.testing.assert_close(compiled(x, task_ids=t2), _mola_blocks()(x, task_ids=t2))
+
+
+def test_keyword_inputs():
+    model = _mola_blocks()
+    x, t = torch.randn(5, 12), torch.tensor([0, 1, 2, 2, 1])
+    ref = model(x, task_ids=t, scale=2.0)
+    batch = {"features": x, "task_ids": t, "scale": 2.0}
+    torch.testing.assert_close(model(**batch), ref)
+    torch.testing.assert_close(model(x=x, task_ids=t, scale=2.0), ref)
+    rmodel = _mola_blocks(router=True)
+    torch.testing.assert_close(rmodel(features=x), rmodel(x))
+    assert rmodel.last_logits.shape == (5, 3)
+    with pytest.raises(ValueError, match="no model input"):
+        model(task_ids=t, scale=2.0)
+
+
+@pytest.mark.parametrize("task_id", [0, 2])
+def test_merge_folds_one_tasks_adapters(task_id):
+    model = _mola_blocks()
+    x = torch.randn(6, 12)
+    merged = model.merge(task_id)
+    assert not any(isinstance(m, (MoLALinear, MoLAConv2d)) for m in merged.modules())
+    assert type(merged.b1[0]) is nn.Linear
+    with torch.no_grad():
+        want = model(x, task_ids=torch.full((6,), task_id))
+        other = model(x, task_ids=torch.full((6,), (task_id + 1) % 3))
+        torch.testing.assert_close(merged(x), want)
+    assert not torch.allclose(merged(x), other)  # the merge is task specific
+    # the MoLA model is untouched, and mixture weights merge too
+    torch.testing.assert_close(model(x, task_ids=torch.full((6,), task_id)), want)
+    w = torch.tensor([0.2, 0.5, 0.3])
+    base = model.model.b1[0].base.weight + torch.einsum("e,eoi->oi", w, model.model.b1[0].delta_weight())
+    torch.testing.assert_close(model.merge(weights=w).b1[0].weight, base)
+
+
+def test_merge_conv_model_and_bad_arguments():
+    torch.manual_seed(3)
+    model = apply_mola(_convnet(), target_modules=["0", "2"], num_experts=2, rank=2, alpha=4.0)
+    for m in model.mola_layers:
+        nn.init.normal_(m.lora_B, std=0.3)
+    x = torch.randn(3, 2, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(model.merge(1)(x), model(x, task_ids=torch.ones(3, dtype=torch.long)),
+                                   rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"task_id must be an int in \[0, 1\]"):
+        model.merge(2)
+    with pytest.raises(ValueError, match="exactly one of task_id and weights"):
+        model.merge()
+    with pytest.raises(ValueError, match=r"weights must have shape \(2,\)"):
+        model.merge(weights=torch.ones(3))
+
+
+def test_freeze_backbone():
+    torch.manual_seed(0)
+    router = Router(num_experts=2, in_features=12, hidden=(8,))
+    model = apply_mola(_backbone(), target_modules=["0", "2"], num_experts=2, rank=2, router=router,
+                       freeze_backbone=True)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"model.0.lora_A", "model.0.lora_B", "model.2.lora_A", "model.2.lora_B"} | {
+        f"gate.{n}" for n, _ in router.named_parameters()}
+    model(torch.randn(4, 12)).sum().backward()
+    assert model.model[4].weight.grad is None and model.model[0].base.weight.grad is None
+    assert model.model[0].lora_A.grad is not None
+    assert all(p.requires_grad for p in apply_mola(_backbone(), target_modules=["0"], num_experts=2,
+                                                   rank=2).parameters())
+    with pytest.raises(TypeError, match="freeze_backbone must be a bool"):
+        apply_mola(_backbone(), target_modules=["0"], num_experts=2, rank=2, freeze_backbone="yes")

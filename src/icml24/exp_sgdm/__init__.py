@@ -7,6 +7,7 @@ from icml24.exp_sgdm.synthetic import (
     scaling_identity_gap,
     stationarity_upper_bound,
 )
+from icml24.exp_sgdm.wrapper import RandomScaling
 
-__all__ = ["ExpSGDM", "IdentityEstimate", "NonsmoothObjective", "scaling_identity_gap",
+__all__ = ["ExpSGDM", "IdentityEstimate", "NonsmoothObjective", "RandomScaling", "scaling_identity_gap",
            "stationarity_upper_bound"]

@@ -24,7 +24,7 @@ from icml24.common import validate as v
 
 __all__ = ["ExpSGDM"]
 
-RandomScaling = Literal["exponential"] | None
+ScalingKind = Literal["exponential"] | None
 _STATE_KEY = "exp_sgdm"
 
 
@@ -47,8 +47,9 @@ class ExpSGDM(Optimizer):
 
     Each :meth:`step` (1) updates every parameter's momentum ``m ← β m + (1-β) g`` and its update direction
     ``Δ = -η (m + λ x)``, (2) only then draws one scalar ``s ~ Exp(1)`` shared by *all* parameter groups, and
-    (3) applies ``x ← x + s Δ``. The momentum buffer and ``Δ`` (``state['momentum_buffer']``,
-    ``state['delta']``) never depend on ``s``. The next gradient is the ordinary one at the new iterate:
+    (3) applies ``x ← x + s Δ``. The momentum buffer (``state['momentum_buffer']``, the only per-parameter
+    state) and ``Δ`` never depend on ``s``. Every stage runs as ``torch._foreach_*`` kernels, one launch per
+    parameter group. The next gradient is the ordinary one at the new iterate:
     no auxiliary point and no extra forward pass. With ``random_scaling=None`` (``s ≡ 1``) this is plain SGDM;
     with zero weight decay it equals ``torch.optim.SGD(lr=η(1-β), momentum=β)`` step for step.
 
@@ -76,7 +77,7 @@ class ExpSGDM(Optimizer):
 
     def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], *, lr: float,
                  momentum: float = 0.9, weight_decay: float = 0.0,
-                 random_scaling: RandomScaling = "exponential", generator: torch.Generator | None = None,
+                 random_scaling: ScalingKind = "exponential", generator: torch.Generator | None = None,
                  ema_beta: float | None = None) -> None:
         _check_hyper(lr, momentum, weight_decay)
         v.one_of("exp_sgdm", "random_scaling", random_scaling, ("exponential", None))
@@ -86,7 +87,7 @@ class ExpSGDM(Optimizer):
             v.in_range("exp_sgdm", "ema_beta", ema_beta, 0.0, 1.0, high_open=True)
         defaults = {"lr": float(lr), "momentum": float(momentum), "weight_decay": float(weight_decay)}
         super().__init__(params, defaults)
-        self.random_scaling: RandomScaling = random_scaling
+        self.random_scaling: ScalingKind = random_scaling
         self.ema_beta: float | None = None if ema_beta is None else float(ema_beta)
         if generator is None and random_scaling is not None:
             generator = _default_generator()
@@ -136,39 +137,46 @@ class ExpSGDM(Optimizer):
             with torch.enable_grad():
                 loss = closure()
 
-        # (1) online learner: momentum and Δ_n for every parameter, before s_n exists.
-        updates: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # (1) online learner: momentum and Δ_n for every parameter, before s_n exists (foreach kernels, one
+        # launch per group, not per parameter). Δ_n is a temporary: it is s-free and recomputable from m.
+        updates: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
         for group in self.param_groups:
             lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("exp_sgdm: sparse gradients are not supported")
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            if any(g.is_sparse for g in grads):
+                raise RuntimeError("exp_sgdm: sparse gradients are not supported")
+            bufs = []
+            for p in params:  # only allocates, on a parameter's first step
                 state = self.state[p]
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["delta"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                m, delta = state["momentum_buffer"], state["delta"]
-                m.mul_(beta).add_(p.grad, alpha=1.0 - beta)
-                torch.mul(m, -lr, out=delta)
-                # NOTE(deviation): EMA-form momentum and weight decay inside Δ (authors' PyTorch Sgdm), not
-                # torch.optim.SGD's λx added to g before the momentum; identical when weight_decay == 0.
-                if wd != 0.0:
-                    delta.add_(p, alpha=-lr * wd)
-                updates.append((p, delta))
+                bufs.append(state["momentum_buffer"])
+            torch._foreach_mul_(bufs, beta)
+            torch._foreach_add_(bufs, grads, alpha=1.0 - beta)
+            deltas = torch._foreach_mul(bufs, -lr)
+            # NOTE(deviation): EMA-form momentum and weight decay inside Δ (authors' PyTorch Sgdm), not
+            # torch.optim.SGD's λx added to g before the momentum; identical when weight_decay == 0.
+            if wd != 0.0:
+                torch._foreach_add_(deltas, params, alpha=-lr * wd)
+            updates.append((params, deltas))
 
         # (2) one scalar for the whole model, drawn after every Δ is fixed; (3) x ← x + s Δ.
         s = self._draw_scale()
         cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-        for p, delta in updates:
+        for params, deltas in updates:
             if s is None:
-                p.add_(delta)
-            else:
+                torch._foreach_add_(params, deltas)
+                continue
+            scales = []
+            for p in params:
                 key = (p.device, p.dtype)
                 if key not in cache:
                     cache[key] = s.to(device=p.device, dtype=p.dtype)
-                p.addcmul_(delta, cache[key])
+                scales.append(cache[key])
+            torch._foreach_addcmul_(params, deltas, scales)
         self._last_scale = s
         self._num_steps += 1
 

@@ -10,12 +10,17 @@ For the LoRA update ``(α/r)·B A`` of a width-n layer, stable and efficient fea
 
 Groups (official code and peft, in this order): ``A`` (lr η_A, weight decay), ``embedding`` (LoRA on embeddings,
 lr ``loraplus_lr_embedding``), ``B`` (every ``lora_B`` and **every trainable 1-D tensor**, lr λ·η_A, weight
-decay), ``B_no_decay`` (the members of B that are biases or LayerNorm parameters, lr λ·η_A, no decay).
+decay), ``B_no_decay`` (the members of B that are biases or norm parameters, lr λ·η_A, no decay). A norm parameter
+is one held by an ``nn.LayerNorm``/``nn.RMSNorm`` (or a class named ``*LayerNorm``/``*RMSNorm``, e.g.
+``LlamaRMSNorm``) or whose name matches ``transformers.Trainer``'s no-decay patterns (``bias``, ``layernorm``,
+``rmsnorm``, ``(^|.)norm(.|$)``, ``_norm(.|$)``, on the lower-cased name).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import re
 
 import torch
 from torch import nn
@@ -26,8 +31,20 @@ __all__ = ["loraplus_param_groups", "create_loraplus_optimizer", "GROUP_ORDER"]
 
 GROUP_ORDER = ("A", "embedding", "B", "B_no_decay")
 # NOTE(deviation): peft/official exclude only nn.LayerNorm parameters (and biases) from decay; we also exclude
-# nn.RMSNorm, which modern decoders use in the same role. Identical groups for models without RMSNorm.
-_NO_DECAY_LAYERS = (nn.LayerNorm, nn.RMSNorm)
+# RMSNorm layers and, like transformers.Trainer.get_decay_parameter_names, parameters named like norms.
+# Identical groups for models without such layers or names. nn.RMSNorm exists from torch 2.4 (the floor is 2.3).
+_NO_DECAY_LAYERS: tuple[type[nn.Module], ...] = (nn.LayerNorm,) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+_NO_DECAY_NAME = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
+
+
+def _no_decay(model: nn.Module, name: str) -> bool:
+    if _NO_DECAY_NAME.search(name.lower()):
+        return True
+    owner = _owner(model, name, 1)
+    if owner is None:
+        return False
+    cls = type(owner).__name__.lower()
+    return isinstance(owner, _NO_DECAY_LAYERS) or cls.endswith(("layernorm", "rmsnorm"))
 
 
 def _owner(model: nn.Module, name: str, strip: int) -> nn.Module | None:
@@ -50,9 +67,6 @@ def _is_lora_embedding(model: nn.Module, name: str) -> bool:
     return isinstance(_owner(model, name, 2), PeftLoraEmbedding)
 
 
-    return float(value)
-
-
 def loraplus_param_groups(model: nn.Module, *, lr: float, loraplus_lr_ratio: float = 16.0,
                           weight_decay: float = 0.0, loraplus_lr_embedding: float = 1e-6) -> list[dict[str, Any]]:
     """The LoRA+ parameter groups of ``model`` (any optimizer accepts them).
@@ -62,7 +76,7 @@ def loraplus_param_groups(model: nn.Module, *, lr: float, loraplus_lr_ratio: flo
             :class:`~icml24.loraplus.LoRALinear` or a peft LoRA model).
         lr: η_A, the learning rate of the A matrices (and of trainable 2-D non-LoRA weights such as a new head).
         loraplus_lr_ratio: λ = η_B / η_A (≥ 1).
-        weight_decay: decay of the A, embedding and B groups (0 for biases and LayerNorm parameters).
+        weight_decay: decay of the A, embedding and B groups (0 for biases and norm parameters).
         loraplus_lr_embedding: lr of LoRA matrices on embedding layers.
 
     Returns:
@@ -88,8 +102,7 @@ def loraplus_param_groups(model: nn.Module, *, lr: float, loraplus_lr_ratio: flo
         if _is_lora_embedding(model, name):
             members["embedding"].append((name, p))
         elif "lora_B" in name or p.ndim == 1:  # B is the zero-initialised output side; all 1-D tensors join it
-            no_decay = "bias" in name or isinstance(_owner(model, name, 1), _NO_DECAY_LAYERS)
-            members["B_no_decay" if no_decay else "B"].append((name, p))
+            members["B_no_decay" if _no_decay(model, name) else "B"].append((name, p))
         else:
             members["A"].append((name, p))
     settings = {"A": (lr, weight_decay), "embedding": (lr_emb, weight_decay), "B": (lr * ratio, weight_decay),
@@ -98,15 +111,18 @@ def loraplus_param_groups(model: nn.Module, *, lr: float, loraplus_lr_ratio: flo
              "lr": settings[g][0], "weight_decay": settings[g][1]} for g in GROUP_ORDER]
 
 
-def create_loraplus_optimizer(model: nn.Module, *, optimizer_cls: type[torch.optim.Optimizer], lr: float,
+def create_loraplus_optimizer(model: nn.Module, optimizer_cls: type[torch.optim.Optimizer], *, lr: float,
                               loraplus_lr_ratio: float = 16.0, loraplus_weight_decay: float | None = None,
                               loraplus_lr_embedding: float = 1e-6, **optimizer_kwargs: Any) -> torch.optim.Optimizer:
     """Build ``optimizer_cls`` over the LoRA+ groups of ``model`` (η_B = λ·η_A).
 
+    The call signature is peft's (``create_loraplus_optimizer(model, optimizer_cls, lr=..., loraplus_lr_ratio=...)``,
+    ``optimizer_cls`` positional or keyword), so code written for ``peft.optimizers`` runs unchanged.
+
     Args:
         model: a model with trainable LoRA parameters (ours or peft's).
         optimizer_cls: e.g. ``torch.optim.AdamW``.
-        lr: η_A.
+        lr: η_A (a Python, numpy or 0-d tensor scalar; passed on as a ``float``).
         loraplus_lr_ratio: λ = η_B/η_A, ≥ 1 (paper default 16; official GLUE scripts: 80 for roberta-base, 10 for gpt2).
         loraplus_weight_decay: weight decay of the groups; ``None`` uses ``optimizer_kwargs["weight_decay"]``
             (or 0). NOTE(deviation): peft ignores a plain ``weight_decay`` kwarg (every group overrides it with
@@ -122,6 +138,7 @@ def create_loraplus_optimizer(model: nn.Module, *, optimizer_cls: type[torch.opt
         raise TypeError(f"loraplus: optimizer_cls must be a torch.optim.Optimizer subclass, got {optimizer_cls!r}")
     wd_kwarg = optimizer_kwargs.pop("weight_decay", 0.0)
     weight_decay = wd_kwarg if loraplus_weight_decay is None else loraplus_weight_decay
+    lr = v.positive("loraplus", "lr", lr)
     groups = loraplus_param_groups(model, lr=lr, loraplus_lr_ratio=loraplus_lr_ratio, weight_decay=weight_decay,
                                    loraplus_lr_embedding=loraplus_lr_embedding)
     return optimizer_cls(groups, lr=lr, **optimizer_kwargs)

@@ -3,7 +3,7 @@
 arXiv 2406.09679 · official code https://github.com/MediaBrain-SJTU/MoLA. See ``README.md`` in this folder.
 """
 
-from icml24.mola.layers import MoLAConv2d, MoLALinear, MoLAModel, Router, TaskGate, apply_mola
+from icml24.mola.layers import GateContext, MoLAConv2d, MoLALinear, MoLAModel, Router, TaskGate, apply_mola
 from icml24.mola.twd import twd_loss
 
-__all__ = ["MoLALinear", "MoLAConv2d", "TaskGate", "Router", "MoLAModel", "apply_mola", "twd_loss"]
+__all__ = ["GateContext", "MoLALinear", "MoLAConv2d", "TaskGate", "Router", "MoLAModel", "apply_mola", "twd_loss"]

@@ -10,14 +10,24 @@ Every adapted layer keeps its (trainable) base weight ``W`` and owns ``E`` low-r
 
 where the gate ``g_i`` is the one-hot task vector (MoLA-Grad: expert ``e`` only receives gradients from task
 ``e``) or ``softmax(router(x_i))`` from one router shared by all adapted layers (MoLA-Router). The backbone
-is trained jointly with the adapters (nothing is frozen).
+is trained jointly with the adapters (nothing is frozen) unless ``freeze_backbone=True``.
+
+How the gates reach the layers: :class:`MoLAModel` computes them once per forward and stores them in one
+:class:`GateContext` object that every adapted layer of that model holds a reference to. They stay there
+until the next forward, so the recomputation of ``torch.utils.checkpoint`` during the following backward sees
+the same gates, and ``torch.compile`` traces one attribute write and reads. For several forwards before one
+backward under checkpointing, pass ``context_fn=model.checkpoint_context_fn`` to (non-reentrant)
+``torch.utils.checkpoint.checkpoint``: it restores each forward's own gates during its recomputation.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +35,27 @@ from torch import nn
 
 from icml24.common import validate as v
 
-__all__ = ["MoLALinear", "MoLAConv2d", "TaskGate", "Router", "MoLAModel", "apply_mola"]
+__all__ = ["MoLALinear", "MoLAConv2d", "TaskGate", "Router", "MoLAModel", "GateContext", "apply_mola"]
+
+
+class GateContext:
+    """The per-sample gates ``(B, E)`` of the current forward, shared by every MoLA layer of one model.
+
+    A plain object (not a module, not a buffer): it is not saved in ``state_dict`` and is shared, not copied,
+    by the layers. ``gates`` is ``None`` before the first forward.
+    """
+
+    def __init__(self) -> None:
+        self.gates: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def use(self, gates: torch.Tensor | None) -> Iterator[None]:
+        """Temporarily set ``gates`` (restores the previous value on exit)."""
+        prev, self.gates = self.gates, gates
+        try:
+            yield
+        finally:
+            self.gates = prev
 
 
 class _MoLALayer(nn.Module):
@@ -33,6 +63,7 @@ class _MoLALayer(nn.Module):
 
     num_experts: int
     gates: torch.Tensor | None
+    gate_context: GateContext | None = None
 
     def reset_lora_parameters(self) -> None:
         """``A_e`` ~ kaiming-uniform (a=√5, as loralib / the official code), ``B_e = 0`` (so ΔW_e = 0 at init)."""
@@ -47,6 +78,8 @@ class _MoLALayer(nn.Module):
 
     def _resolve_gates(self, x: torch.Tensor, gates: torch.Tensor | None) -> torch.Tensor:
         g = gates if gates is not None else self.gates
+        if g is None and self.gate_context is not None:
+            g = self.gate_context.gates
         if g is None:
             raise RuntimeError("mola: no gates set; pass gates=(B, num_experts) or call the layer through "
                                "MoLAModel (apply_mola), which sets them from the task ids or the router")
@@ -102,6 +135,14 @@ class MoLALinear(_MoLALayer):
 
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, rank={self.rank}, alpha={self.alpha}"
+
+    @torch.no_grad()
+    def merged(self, weights: torch.Tensor) -> nn.Linear:
+        """A copy of the base layer with ``W + Σ_e w_e ΔW_e`` folded in (``weights``: ``(E,)``)."""
+        out = copy.deepcopy(self.base)
+        d = torch.einsum("e,eoi->oi", weights.to(self.lora_A), self.delta_weight())
+        out.weight.add_(d.to(out.weight.dtype))
+        return out
 
 
 class MoLAConv2d(_MoLALayer):
@@ -164,6 +205,14 @@ class MoLAConv2d(_MoLALayer):
 
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, rank={self.rank}, alpha={self.alpha}"
+
+    @torch.no_grad()
+    def merged(self, weights: torch.Tensor) -> nn.Conv2d:
+        """A copy of the base convolution with ``W + Σ_e w_e ΔW_e`` folded in (``weights``: ``(E,)``)."""
+        out = copy.deepcopy(self.base)
+        d = torch.einsum("e,e...->...", weights.to(self.lora_A), self.delta_weight())
+        out.weight.add_(d.to(out.weight.dtype))
+        return out
 
 
 class TaskGate(nn.Module):
@@ -247,13 +296,18 @@ class Router(nn.Module):
         return self.proj(logits)
 
 
+_INPUT_KEYS = ("x", "input", "inputs", "input_ids", "pixel_values", "inputs_embeds", "features")
+
+
 class MoLAModel(nn.Module):
     """A model whose target layers were swapped for MoLA layers, plus the gate that drives them.
 
-    ``forward(x, task_ids=...)`` computes the gates once per batch (one-hot task vectors for
-    :class:`TaskGate`, ``softmax(router(x))`` for :class:`Router`), hands them to every MoLA layer, runs the
-    wrapped model and clears them. The last router logits / gates are kept in ``last_logits`` / ``last_gates``
-    (e.g. for :func:`icml24.mola.twd_loss` on ``router.embed(last_logits)``).
+    ``forward(x, task_ids=...)`` or ``forward(**batch)`` computes the gates once per batch (one-hot task vectors
+    for :class:`TaskGate`, ``softmax(router(x))`` for :class:`Router`), puts them in the model's
+    :class:`GateContext` (read by every MoLA layer) and runs the wrapped model. The gates stay in the context
+    until the next forward, so checkpoint recomputation in the backward uses them. The last router logits /
+    gates are kept in ``last_logits`` / ``last_gates`` (e.g. for :func:`icml24.mola.twd_loss` on
+    ``router.embed(last_logits)``).
 
     Args:
         model: the wrapped model (already containing the MoLA layers).
@@ -266,6 +320,9 @@ class MoLAModel(nn.Module):
             raise TypeError(f"mola: gate must be a TaskGate or a Router, got {type(gate).__name__}")
         self.model = model
         self.gate = gate
+        self.gate_context = GateContext()
+        for m in self.mola_layers:
+            m.gate_context = self.gate_context
         self.last_logits: torch.Tensor | None = None
         self.last_gates: torch.Tensor | None = None
 
@@ -292,27 +349,68 @@ class MoLAModel(nn.Module):
         self.last_gates = g
         return g
 
-    def forward(self, x: torch.Tensor, *args, task_ids: torch.Tensor | None = None,
-                router_input: torch.Tensor | None = None, **kwargs):
-        """Run the wrapped model with per-sample gates.
+    def forward(self, *args: Any, task_ids: torch.Tensor | None = None, router_input: torch.Tensor | None = None,
+                **kwargs: Any) -> Any:
+        """Run the wrapped model with per-sample gates: ``model(x, task_ids=t)`` or ``model(**batch)``.
 
         Args:
-            x: the model input (also the router input unless ``router_input`` is given).
-            task_ids: ``(B,)`` task ids, required for MoLA-Grad (ignored by the router).
+            *args, **kwargs: passed to the wrapped model unchanged. The batch input ``x`` (router input and
+                batch size) is the first positional argument, else the first of ``x``, ``input``, ``inputs``,
+                ``input_ids``, ``pixel_values``, ``inputs_embeds``, ``features`` found in ``kwargs``.
+            task_ids: ``(B,)`` task ids, required for MoLA-Grad (ignored by the router); a batch dict may carry
+                them under the key ``task_ids``.
             router_input: what the router reads, when not ``x``.
-            *args, **kwargs: passed to the wrapped model.
         """
+        if args:
+            x = args[0]
+        else:
+            x = next((kwargs[k] for k in _INPUT_KEYS if k in kwargs), None)
+            if x is None:
+                raise ValueError(f"mola: no model input: pass it positionally or as one of {_INPUT_KEYS}")
         g = self.compute_gates(router_input if router_input is not None else x, task_ids)
         if g.shape[0] != x.shape[0]:
             raise ValueError(f"mola: {g.shape[0]} gates for a batch of {x.shape[0]}")
+        self.gate_context.gates = g.to(x.device)
+        return self.model(*args, **kwargs)
+
+    def checkpoint_context_fn(self) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+        """``context_fn`` for non-reentrant ``torch.utils.checkpoint.checkpoint``: the recomputation of a
+        checkpointed segment runs with the gates of the forward that created it (needed only when several
+        forwards precede one backward)."""
+        return contextlib.nullcontext(), self.gate_context.use(self.gate_context.gates)
+
+    @torch.no_grad()
+    def merge(self, task_id: int | None = None, *, weights: torch.Tensor | None = None) -> nn.Module:
+        """A plain copy of the wrapped model with one task's adapters folded into the weights.
+
+        Every MoLA layer becomes its base ``nn.Linear``/``nn.Conv2d`` with ``W + Σ_e w_e ΔW_e``, where ``w`` is
+        ``onehot(task_id)`` (MoLA-Grad: task ``task_id``'s expert) or the given ``weights`` (``(E,)``, e.g. a
+        router's mean gate). The copy needs no gates and no task ids: ``merged(x)`` equals
+        ``model(x, task_ids=full(task_id))``. The MoLA model itself is not changed.
+
+        Args:
+            task_id: the task (expert) to fold in, in ``[0, E)``.
+            weights: instead of ``task_id``, an ``(E,)`` expert mixture.
+        """
         layers = self.mola_layers
-        try:
-            for m in layers:
-                m.set_gates(g.to(x.device))
-            return self.model(x, *args, **kwargs)
-        finally:
-            for m in layers:
-                m.set_gates(None)
+        num_experts = layers[0].num_experts if layers else getattr(self.gate, "num_experts", 1)
+        if (task_id is None) == (weights is None):
+            raise ValueError("mola: merge needs exactly one of task_id and weights")
+        if task_id is not None:
+            task_id = v.integer("mola", "task_id", task_id, minimum=0, maximum=num_experts - 1)
+            w = F.one_hot(torch.tensor(task_id), num_experts).double()
+        else:
+            v.tensor("mola", "weights", weights, ndim=1, floating=True)
+            if weights.shape[0] != num_experts:
+                raise ValueError(f"mola: weights must have shape ({num_experts},), got {tuple(weights.shape)}")
+            w = weights.detach()
+        merged = copy.deepcopy(self.model)
+        for name, m in list(merged.named_modules()):
+            if isinstance(m, _MoLALayer):  # apply_mola never adapts the root module itself, so name != ""
+                parent_name, _, child = name.rpartition(".")
+                parent = merged.get_submodule(parent_name) if parent_name else merged
+                setattr(parent, child, m.merged(w))
+        return merged
 
 
 def _matches(name: str, target: str | Sequence[str]) -> bool:
@@ -322,10 +420,12 @@ def _matches(name: str, target: str | Sequence[str]) -> bool:
 
 
 def apply_mola(model: nn.Module, *, target_modules: str | Sequence[str], num_experts: int, rank: int,
-               alpha: float = 16.0, router: Router | None = None) -> MoLAModel:
+               alpha: float = 16.0, router: Router | None = None, freeze_backbone: bool = False) -> MoLAModel:
     """Swap the target ``nn.Linear`` / ``nn.Conv2d`` layers of ``model`` (in place) for MoLA layers.
 
-    Nothing is frozen: the backbone, the adapters (and the router) are trained jointly, as in the paper.
+    By default nothing is frozen: the backbone, the adapters (and the router) are trained jointly, as in the
+    paper. ``freeze_backbone=True`` sets ``requires_grad=False`` on every parameter of ``model`` except the
+    experts ``lora_A``/``lora_B`` (the router stays trainable), as in adapter fine-tuning.
 
     Args:
         model: any ``nn.Module``.
@@ -336,6 +436,7 @@ def apply_mola(model: nn.Module, *, target_modules: str | Sequence[str], num_exp
         alpha: ``α`` (scale ``α / r``; official default 16).
         router: ``None`` for MoLA-Grad (a :class:`TaskGate` picks the adapter from the task id), or a
             :class:`Router` for MoLA-Router (its ``num_experts`` must equal ``num_experts``).
+        freeze_backbone: freeze every non-expert parameter of ``model``.
 
     Returns:
         A :class:`MoLAModel` wrapping ``model``; call it as ``wrapped(x, task_ids=t)``.
@@ -353,6 +454,8 @@ def apply_mola(model: nn.Module, *, target_modules: str | Sequence[str], num_exp
     if not isinstance(target_modules, str) and (
             not isinstance(target_modules, Sequence) or not all(isinstance(t, str) for t in target_modules)):
         raise TypeError("mola: target_modules must be a regex string or a sequence of module names")
+    if not isinstance(freeze_backbone, bool):
+        raise v.ArgumentTypeError(f"mola: freeze_backbone must be a bool, got {type(freeze_backbone).__name__}")
     if router is not None:
         if not isinstance(router, Router):
             raise TypeError(f"mola: router must be an icml24.mola.Router or None, got {type(router).__name__}")
@@ -375,4 +478,8 @@ def apply_mola(model: nn.Module, *, target_modules: str | Sequence[str], num_exp
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, cls(m, num_experts=num_experts, rank=rank, alpha=alpha))
     gate: TaskGate | Router = router if router is not None else TaskGate(num_experts=num_experts)
+    if freeze_backbone:
+        for m in model.modules():
+            for pname, p in m.named_parameters(recurse=False):
+                p.requires_grad_(isinstance(m, _MoLALayer) and pname in ("lora_A", "lora_B"))
     return MoLAModel(model, gate=gate)
