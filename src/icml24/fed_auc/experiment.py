@@ -53,8 +53,8 @@ class Config(ExperimentConfig):
     clients: tuple[int, ...] = field(default=(4, 8), metadata=help_text("K values (issue 12: 4 and 8)"))
     dirichlet_alpha: float = field(default=0.3, metadata=help_text(
         "Dirichlet concentration of the clients' positive shares (notes §5: 0.3)"))
-    rounds: int = field(default=30, metadata=help_text(
-        "communication rounds R (notes §5: 300; 30 to fit the 2-core CPU budget)"))
+    rounds: int = field(default=20, metadata=help_text(
+        "communication rounds R (notes §5: 300; 20 to fit the 2-core CPU budget)"))
     local_steps: int = field(default=4, metadata=help_text("I, local steps per round (notes §5: 8; 4 here)"))
     batch_size: int = field(default=32, metadata=help_text("local minibatch (notes §5 / CODASCA example: 32)"))
     hidden: tuple[int, ...] = field(default=(64, 64), metadata=help_text("MLP hidden widths (ours)"))
