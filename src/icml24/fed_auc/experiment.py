@@ -7,7 +7,7 @@ driven by the in-process simulator), the same data, initialisation, rounds R and
 - ``ce``: CE-FedAvg with momentum (LocalSGDM);
 - ``aucm``: federated AUC-M minimax (LocalSGDAM / CoDA-style);
 - ``comp2``: two-level compositional (LocalSCGDAM, L = 2);
-- ``comp3``: the multi-level method, L = 3 (notes §2.2 [R]); ``comp4``: L = 4 (extra row, first K only);
+- ``comp3``: the multi-level method, L = 3 (notes §2.2 [R]); ``comp4``: L = 4 (extra row at comp3's step, first K);
 - controls at comp3's tuned step: ``comp3_frozen`` (inner estimators frozen, β = 0: the weakened arm) and
   ``local`` (every client trains comp3 alone, no communication; AUC averaged over clients).
 
@@ -38,8 +38,9 @@ from icml24.fed_auc.backends import simulate
 from icml24.fed_auc.data import TASKS, BinaryTask, dirichlet_split, load_task
 
 SLUG = "fed_auc"
-TUNED_ARMS = ("ce", "aucm", "comp2", "comp3", "comp4")
+TUNED_ARMS = ("ce", "aucm", "comp2", "comp3")
 CONTROL_ARMS = ("comp3_frozen", "local")
+EXTRA_ARMS = ("comp4",)  # run at comp3's tuned step, first K only
 COLORS = {"ce": "tab:gray", "aucm": "tab:blue", "comp2": "tab:green", "comp3": "tab:red", "comp4": "tab:purple",
           "comp3_frozen": "tab:brown", "local": "tab:olive"}
 
@@ -53,13 +54,14 @@ class Config(ExperimentConfig):
     clients: tuple[int, ...] = field(default=(4, 8), metadata=help_text("K values (issue 12: 4 and 8)"))
     dirichlet_alpha: float = field(default=0.3, metadata=help_text(
         "Dirichlet concentration of the clients' positive shares (notes §5: 0.3)"))
-    rounds: int = field(default=20, metadata=help_text(
-        "communication rounds R (notes §5: 300; 20 to fit the 2-core CPU budget)"))
+    rounds: int = field(default=30, metadata=help_text(
+        "communication rounds R (notes §5: 300; 30 to fit the 2-core CPU budget)"))
     local_steps: int = field(default=4, metadata=help_text("I, local steps per round (notes §5: 8; 4 here)"))
     batch_size: int = field(default=32, metadata=help_text("local minibatch (notes §5 / CODASCA example: 32)"))
     hidden: tuple[int, ...] = field(default=(64, 64), metadata=help_text("MLP hidden widths (ours)"))
-    lr_grid: tuple[float, ...] = field(default=(0.05, 0.2), metadata=help_text(
-        "η grid, η_x = η_y = η0 = η, tuned per arm on validation AUC (notes §5: {0.05, 0.1}; η0 = lr)"))
+    lr_grid: tuple[float, ...] = field(default=(0.1, 0.2, 0.4), metadata=help_text(
+        "η grid, η_x = η_y = η0 = η, tuned per arm on validation AUC (notes §5: {0.05, 0.1}; η0 = lr; moved up "
+        "after the first full run chose the top of {0.05, 0.2} for every arm)"))
     levels: int = field(default=3, metadata=help_text("L of the multi-level method (issue 12: 3)"))
     extra_levels: int = field(default=4, metadata=help_text("L of the extra row (issue 12: 4), first K only"))
     beta: float = field(default=0.9, metadata=help_text("β, new-value weight of the estimators (notes §5: 0.9)"))
@@ -108,7 +110,7 @@ class Config(ExperimentConfig):
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(seeds=(0, 1), clients=(4,), rounds=6, local_steps=3, lr_grid=(0.05,), eval_every=3)
+        return cls(seeds=(0, 1), clients=(4,), rounds=6, local_steps=3, lr_grid=(0.2,), eval_every=3)
 
 
 def _auc(y: torch.Tensor, s: torch.Tensor) -> float:
@@ -156,7 +158,7 @@ def run_arm(task: BinaryTask, parts: list[torch.Tensor], *, arm: str, lr: float,
 
 
 def _arms_for(cfg: Config, K: int) -> tuple[str, ...]:
-    return TUNED_ARMS if K == cfg.clients[0] else tuple(a for a in TUNED_ARMS if a != "comp4")
+    return TUNED_ARMS
 
 
 def run(cfg: Config, out_dir: Path) -> RunResult:
@@ -176,7 +178,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         [grid[K, arm, lr, s]["val_auc"] for s in cfg.seeds])) for K in cfg.clients for arm in _arms_for(cfg, K)}
     final = {(K, arm, s): grid[K, arm, tuned[K, arm], s] for (K, arm) in tuned for s in cfg.seeds}
     # 2) controls at comp3's tuned step
-    jobs2 = [(K, arm, s) for K in cfg.clients for arm in CONTROL_ARMS for s in cfg.seeds]
+    jobs2 = [(K, arm, s) for K in cfg.clients for arm in (*CONTROL_ARMS, *EXTRA_ARMS) for s in cfg.seeds
+             if arm not in EXTRA_ARMS or K == cfg.clients[0]]
     for K, arm, s in progress(jobs2, desc=f"{SLUG} controls"):
         seed_everything(s)
         final[K, arm, s] = run_arm(tasks[s], splits[K, s], arm=arm, lr=tuned[K, "comp3"], cfg=cfg, seed=s)
@@ -216,18 +219,24 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             metric=met, measured=float(neg.ci_low), threshold=-mp, direction="<=", kind="sanity",
             method_arm="comp3_frozen", baseline_arm="aucm",
             detail=f"lower 95% bound of comp3_frozen − aucm must be <= −{mp} (the test rejects it). {neg.detail}"))
+    if len(cfg.lr_grid) >= 3:
+        edge = [f"K{K}/{arm}={tuned[K, arm]}" for (K, arm) in tuned if tuned[K, arm] in (cfg.lr_grid[0], cfg.lr_grid[-1])]
+        checks.append(ClaimCheck(name="tuning: every arm's chosen step lies inside its grid", metric="tuned_lr",
+                                 measured=float(len(edge)), threshold=0.0, direction="<=", kind="sanity",
+                                 detail="at a grid edge: " + (", ".join(edge) or "none")))
     best = max(rec.summary()[a][f"test_auc_K{K}"]["mean"] for K in cfg.clients for a in _arms_for(cfg, K))
     checks.append(ClaimCheck(name="regime: best arm's mean test AUC below the ceiling (99 pt)", metric="test_auc",
                              measured=best, threshold=99.0, direction="<=", kind="sanity"))
 
     artifacts = _plots(cfg, final, out_dir)
+    curve_keys = [*tuned, *((cfg.clients[0], a) for a in EXTRA_ARMS)]
     extra = {
         "tuned_lr": {f"K{K}/{arm}": lr for (K, arm), lr in tuned.items()},
         "grid_val_auc_mean": {f"K{K}/{arm}/{lr}": float(np.mean([grid[K, arm, lr, s]["val_auc"] for s in cfg.seeds]))
                               for (K, arm, lr, _s) in grid},
         "test_auc_at_x_mean": {f"K{K}/{arm}": float(np.mean([final[K, arm, s]["test_auc_at_x"] for s in cfg.seeds]))
-                               for (K, arm) in tuned},
-        "floats_per_round": {f"K{K}/{arm}": final[K, arm, cfg.seeds[0]]["floats_per_round"] for (K, arm) in tuned},
+                               for (K, arm) in curve_keys},
+        "floats_per_round": {f"K{K}/{arm}": final[K, arm, cfg.seeds[0]]["floats_per_round"] for (K, arm) in curve_keys},
         "local_per_client_test_auc": {f"K{K}/seed{s}": final[K, "local", s]["per_client_test"]
                                       for K in cfg.clients for s in cfg.seeds},
         "positives_per_client": {f"K{K}/seed{s}": [int(tasks[s].y_train[p].sum()) for p in splits[K, s]]
@@ -236,14 +245,14 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         "curves": {f"K{K}/{arm}": {"round": final[K, arm, cfg.seeds[0]]["curve_round"],
                                    "floats": final[K, arm, cfg.seeds[0]]["curve_floats"],
                                    "test_auc": [final[K, arm, s]["curve_test_auc"] for s in cfg.seeds]}
-                   for (K, arm) in tuned},
+                   for (K, arm) in curve_keys},
     }
     return rec.finish(checks, artifacts=artifacts, extra=extra)
 
 
 def _plots(cfg: Config, final: dict[tuple[int, str, int], dict[str, Any]], out_dir: Path) -> list[Path]:
     arts = []
-    arms = [a for a in (*TUNED_ARMS, "comp3_frozen") if (cfg.clients[0], a, cfg.seeds[0]) in final]
+    arms = [a for a in (*TUNED_ARMS, *EXTRA_ARMS, "comp3_frozen") if (cfg.clients[0], a, cfg.seeds[0]) in final]
     for xkey, fname, xlabel in (("curve_round", "auc_vs_round.png", "communication round"),
                                 ("curve_floats", "auc_vs_floats.png", "floats communicated (uploads, all clients)")):
         fig, axes = new_figure(len(cfg.clients))
