@@ -114,7 +114,8 @@ class Config(ExperimentConfig):
 
 
 def _auc(y: torch.Tensor, s: torch.Tensor) -> float:
-    return 100.0 * float(roc_auc_score(y.numpy(), np.nan_to_num(s.numpy(), nan=0.0, posinf=1.0, neginf=0.0)))
+    s = np.nan_to_num(s.detach().cpu().numpy(), nan=0.0, posinf=1.0, neginf=0.0)
+    return 100.0 * float(roc_auc_score(y.cpu().numpy(), s))
 
 
 def _arm_algo(arm: str, *, net: torch.nn.Module, lr: float, cfg: Config, imratio: float) -> FederatedCompositionalAUC:
@@ -134,23 +135,25 @@ def run_arm(task: BinaryTask, parts: list[torch.Tensor], *, arm: str, lr: float,
             seed: int) -> dict[str, Any]:
     """One arm on one split: final validation/test AUC (points), curves vs round and floats communicated."""
     torch.manual_seed(seed)  # identical initial model for every arm
-    net = MLP(in_features=task.x_train.shape[1], hidden=cfg.hidden, out_features=1)
+    net = MLP(in_features=task.x_train.shape[1], hidden=cfg.hidden, out_features=1).to(cfg.device)
     algo = _arm_algo(arm, net=net, lr=lr, cfg=cfg, imratio=task.imratio)
-    clients = [(task.x_train[p], task.y_train[p]) for p in parts]
+    dev = cfg.device
+    clients = [(task.x_train[p].to(dev), task.y_train[p].to(dev)) for p in parts]
+    x_val, x_test = task.x_val.to(dev), task.x_test.to(dev)
     if arm == "local":
         res = simulate(algo, clients, rounds=cfg.rounds, batch_size=cfg.batch_size, seed=seed, communicate=False)
-        vals = [_auc(task.y_val, algo.scores(s, task.x_val)) for s in res.client_states]
-        tests = [_auc(task.y_test, algo.scores(s, task.x_test)) for s in res.client_states]
+        vals = [_auc(task.y_val, algo.scores(s, x_val)) for s in res.client_states]
+        tests = [_auc(task.y_test, algo.scores(s, x_test)) for s in res.client_states]
         return {"val_auc": float(np.mean(vals)), "test_auc": float(np.mean(tests)), "per_client_test": tests}
 
     def cb(r: int, state: dict[str, torch.Tensor], floats: int) -> tuple[int, int, float]:
-        return r, floats, _auc(task.y_test, algo.scores(state, task.x_test))
+        return r, floats, _auc(task.y_test, algo.scores(state, x_test))
 
     res = simulate(algo, clients, rounds=cfg.rounds, batch_size=cfg.batch_size, seed=seed, callback=cb,
                    callback_every=cfg.eval_every)
-    return {"val_auc": _auc(task.y_val, algo.scores(res.state, task.x_val)),
-            "test_auc": _auc(task.y_test, algo.scores(res.state, task.x_test)),
-            "test_auc_at_x": _auc(task.y_test, algo.scores(res.state, task.x_test, weights="x")),
+    return {"val_auc": _auc(task.y_val, algo.scores(res.state, x_val)),
+            "test_auc": _auc(task.y_test, algo.scores(res.state, x_test)),
+            "test_auc_at_x": _auc(task.y_test, algo.scores(res.state, x_test, weights="x")),
             "alpha": float(res.state["alpha"][0]), "floats": res.floats_communicated,
             "floats_per_round": algo.floats_per_client() * len(clients),
             "curve_round": [c[0] for c in res.callbacks], "curve_floats": [c[1] for c in res.callbacks],

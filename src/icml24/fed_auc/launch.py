@@ -48,14 +48,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_problem(args: argparse.Namespace, num_clients: int) -> tuple[FederatedCompositionalAUC, list, BinaryTask]:
-    """The algorithm (initial model seeded by ``args.seed``), the K clients' data and the task."""
+def build_problem(args: argparse.Namespace, num_clients: int,
+                  device: str | torch.device = "cpu") -> tuple[FederatedCompositionalAUC, list, BinaryTask]:
+    """The algorithm (initial model seeded by ``args.seed``, on ``device``), the K clients' data and the task."""
     task = load_task(args.task, seed=args.seed, imratio=args.imratio)
     parts = dirichlet_split(task.y_train, num_clients=num_clients, alpha=args.dirichlet_alpha, seed=args.seed)
     clients = [(task.x_train[p], task.y_train[p]) for p in parts]
     torch.manual_seed(args.seed)
     hidden = tuple(int(h) for h in args.hidden.split(",") if h.strip())
-    net = MLP(in_features=task.x_train.shape[1], hidden=hidden, out_features=1)
+    net = MLP(in_features=task.x_train.shape[1], hidden=hidden, out_features=1).to(device)
     algo = FederatedCompositionalAUC(net, objective=args.objective, levels=args.levels, eta0=args.lr, lr_x=args.lr,
                                      lr_y=args.lr, beta=args.beta, gamma=args.gamma, local_steps=args.local_steps,
                                      imratio=task.imratio, loss_version=args.loss_version, jacobian=args.jacobian)
@@ -79,9 +80,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     dist.init_process_group(backend="nccl" if cuda else "gloo")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
-        algo, clients, task = build_problem(args, world)
         dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        algo.model.to(dev)
+        algo, clients, task = build_problem(args, world, dev)
         x, y = (t.to(dev) for t in clients[rank])
         t0 = time.perf_counter()
         state, floats = run_distributed(algo, x, y, rounds=args.rounds, batch_size=args.batch_size, seed=args.seed)
