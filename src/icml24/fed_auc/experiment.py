@@ -1,0 +1,275 @@
+"""Reproduction of "A Federated Stochastic Multi-Level Compositional Minimax Algorithm for Deep AUC Maximization".
+
+Imbalanced MNIST-1D (class 0 vs rest, positives subsampled to p = 5%), split over K = 4 and 8 clients non-IID by a
+Dirichlet(0.3) draw of each client's positive share. Arms, all on the same code path (``FederatedCompositionalAUC``
+driven by the in-process simulator), the same data, initialisation, rounds R and local steps I per seed:
+
+- ``ce``: CE-FedAvg with momentum (LocalSGDM);
+- ``aucm``: federated AUC-M minimax (LocalSGDAM / CoDA-style);
+- ``comp2``: two-level compositional (LocalSCGDAM, L = 2);
+- ``comp3``: the multi-level method, L = 3 (notes §2.2 [R]); ``comp4``: L = 4 (extra row at comp3's step, first K);
+- controls at comp3's tuned step: ``comp3_frozen`` (inner estimators frozen, β = 0: the weakened arm) and
+  ``local`` (every client trains comp3 alone, no communication; AUC averaged over clients).
+
+Every tuned arm picks its step η (= η_x = η_y = η0) from the same grid by mean validation AUC over the seeds; test
+AUC (sklearn ``roc_auc_score``, in points) is read only at the chosen step. Claims (issue 12): comp3 no worse than
+comp2 and than aucm by more than 0.5 points, better than ce by ≥ 0.5 points (paired 95% t-intervals over seeds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_auc_score
+
+from icml24.common.config import ExperimentConfig, help_text
+from icml24.common.nets import MLP
+from icml24.common.plotting import band, new_figure, save_figure
+from icml24.common.progress import progress
+from icml24.common.results import ClaimCheck, RunRecorder, RunResult, paired_check
+from icml24.common.seeding import seed_everything
+from icml24.fed_auc.algorithm import FederatedCompositionalAUC
+from icml24.fed_auc.backends import simulate
+from icml24.fed_auc.data import TASKS, BinaryTask, dirichlet_split, load_task
+
+SLUG = "fed_auc"
+TUNED_ARMS = ("ce", "aucm", "comp2", "comp3")
+CONTROL_ARMS = ("comp3_frozen", "local")
+EXTRA_ARMS = ("comp4",)  # run at comp3's tuned step, first K only
+COLORS = {"ce": "tab:gray", "aucm": "tab:blue", "comp2": "tab:green", "comp3": "tab:red", "comp4": "tab:purple",
+          "comp3_frozen": "tab:brown", "local": "tab:olive"}
+
+
+@dataclass(frozen=True)
+class Config(ExperimentConfig):
+    seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=help_text("seeds (issue 12: >= 5)"))
+    task: str = field(default="mnist1d", metadata=help_text(
+        "mnist1d | make_classification | breast_cancer (issue 12: MNIST-1D one-vs-rest is the main task)"))
+    imratio: float = field(default=0.05, metadata=help_text("p, positive ratio of train/val (issue 12: 5-10%)"))
+    clients: tuple[int, ...] = field(default=(4, 8), metadata=help_text("K values (issue 12: 4 and 8)"))
+    dirichlet_alpha: float = field(default=0.3, metadata=help_text(
+        "Dirichlet concentration of the clients' positive shares (notes §5: 0.3)"))
+    rounds: int = field(default=30, metadata=help_text(
+        "communication rounds R (notes §5: 300; 30 to fit the 2-core CPU budget)"))
+    local_steps: int = field(default=4, metadata=help_text("I, local steps per round (notes §5: 8; 4 here)"))
+    batch_size: int = field(default=32, metadata=help_text("local minibatch (notes §5 / CODASCA example: 32)"))
+    hidden: tuple[int, ...] = field(default=(64, 64), metadata=help_text("MLP hidden widths (ours)"))
+    lr_grid: tuple[float, ...] = field(default=(0.05, 0.1, 0.2, 0.4, 0.8), metadata=help_text(
+        "η grid, η_x = η_y = η0 = η, tuned per arm on validation AUC (notes §5: {0.05, 0.1}; η0 = lr; "
+        "and widened after the first two full runs put the tuned steps at the grid edges)"))
+    levels: int = field(default=3, metadata=help_text("L of the multi-level method (issue 12: 3)"))
+    extra_levels: int = field(default=4, metadata=help_text("L of the extra row (issue 12: 4), first K only"))
+    beta: float = field(default=0.9, metadata=help_text("β, new-value weight of the estimators (notes §5: 0.9)"))
+    gamma: float = field(default=0.9, metadata=help_text("γ, new-gradient weight of the momenta (notes §5: 0.9)"))
+    margin: float = field(default=1.0, metadata=help_text("m, AUC-M margin (LibAUC default 1.0)"))
+    loss_version: str = field(default="v2", metadata=help_text(
+        "AUC-M form: v2 (class means; LibAUC's recommendation) or v1 (prior p: gradients scale with p(1−p))"))
+    jacobian: str = field(default="hvp", metadata=help_text("hvp (exact JVPs, issue 12) or identity (PDSCA)"))
+    eval_every: int = field(default=5, metadata=help_text("rounds between AUC evaluations for the curves"))
+    margin_points: float = field(default=0.5, metadata=help_text(
+        "non-inferiority margin and CE superiority margin, AUC points (issue 12: 0.5)"))
+    local_gap_points: float = field(default=2.0, metadata=help_text(
+        "sanity: federation − clients alone >= this, AUC points (issue 12: 2)"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if not 0.0 < self.imratio <= 0.5:
+            raise ValueError(f"imratio must be in (0, 0.5], got {self.imratio}")
+        if not self.clients or any(k < 1 for k in self.clients) or len(set(self.clients)) != len(self.clients):
+            raise ValueError(f"clients must be distinct K values >= 1, got {self.clients!r}")
+        for name in ("rounds", "local_steps", "batch_size", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden widths must be >= 1, got {self.hidden!r}")
+        if not self.lr_grid or any(not (math.isfinite(x) and x > 0) for x in self.lr_grid):
+            raise ValueError(f"lr_grid must hold finite values > 0, got {self.lr_grid!r}")
+        if self.levels < 2 or self.extra_levels < 2:
+            raise ValueError(f"levels and extra_levels must be >= 2 (L < 2 is not compositional), got "
+                             f"{self.levels}, {self.extra_levels}")
+        for name in ("beta", "gamma"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        for name in ("dirichlet_alpha", "margin"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {getattr(self, name)}")
+        if self.loss_version not in ("v1", "v2"):
+            raise ValueError(f"loss_version must be v1 or v2, got {self.loss_version!r}")
+        if self.jacobian not in ("hvp", "identity"):
+            raise ValueError(f"jacobian must be hvp or identity, got {self.jacobian!r}")
+        for name in ("margin_points", "local_gap_points"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)}")
+
+    @classmethod
+    def quick(cls) -> Config:
+        return cls(seeds=(0, 1), clients=(4,), rounds=6, local_steps=3, lr_grid=(0.2,), eval_every=3)
+
+
+def _auc(y: torch.Tensor, s: torch.Tensor) -> float:
+    s = np.nan_to_num(s.detach().cpu().numpy(), nan=0.0, posinf=1.0, neginf=0.0)
+    return 100.0 * float(roc_auc_score(y.cpu().numpy(), s))
+
+
+def _arm_algo(arm: str, *, net: torch.nn.Module, lr: float, cfg: Config, imratio: float) -> FederatedCompositionalAUC:
+    kw: dict[str, Any] = dict(eta0=lr, lr_x=lr, lr_y=lr, beta=cfg.beta, gamma=cfg.gamma, local_steps=cfg.local_steps,
+                              margin=cfg.margin, imratio=imratio, jacobian=cfg.jacobian,
+                              loss_version=cfg.loss_version)
+    if arm in ("ce", "aucm"):
+        return FederatedCompositionalAUC(net, objective=arm, **kw)
+    levels = {"comp2": 2, "comp3": cfg.levels, "comp4": cfg.extra_levels, "comp3_frozen": cfg.levels,
+              "local": cfg.levels}[arm]
+    if arm == "comp3_frozen":
+        kw["beta"] = 0.0  # the weakened arm: estimators never track u_l(x) after their first value
+    return FederatedCompositionalAUC(net, objective="compositional", levels=levels, **kw)
+
+
+def run_arm(task: BinaryTask, parts: list[torch.Tensor], *, arm: str, lr: float, cfg: Config,
+            seed: int) -> dict[str, Any]:
+    """One arm on one split: final validation/test AUC (points), curves vs round and floats communicated."""
+    torch.manual_seed(seed)  # identical initial model for every arm
+    net = MLP(in_features=task.x_train.shape[1], hidden=cfg.hidden, out_features=1).to(cfg.device)
+    algo = _arm_algo(arm, net=net, lr=lr, cfg=cfg, imratio=task.imratio)
+    dev = cfg.device
+    clients = [(task.x_train[p].to(dev), task.y_train[p].to(dev)) for p in parts]
+    x_val, x_test = task.x_val.to(dev), task.x_test.to(dev)
+    if arm == "local":
+        res = simulate(algo, clients, rounds=cfg.rounds, batch_size=cfg.batch_size, seed=seed, communicate=False)
+        vals = [_auc(task.y_val, algo.scores(s, x_val)) for s in res.client_states]
+        tests = [_auc(task.y_test, algo.scores(s, x_test)) for s in res.client_states]
+        return {"val_auc": float(np.mean(vals)), "test_auc": float(np.mean(tests)), "per_client_test": tests}
+
+    def cb(r: int, state: dict[str, torch.Tensor], floats: int) -> tuple[int, int, float]:
+        return r, floats, _auc(task.y_test, algo.scores(state, x_test))
+
+    res = simulate(algo, clients, rounds=cfg.rounds, batch_size=cfg.batch_size, seed=seed, callback=cb,
+                   callback_every=cfg.eval_every)
+    return {"val_auc": _auc(task.y_val, algo.scores(res.state, x_val)),
+            "test_auc": _auc(task.y_test, algo.scores(res.state, x_test)),
+            "test_auc_at_x": _auc(task.y_test, algo.scores(res.state, x_test, weights="x")),
+            "alpha": float(res.state["alpha"][0]), "floats": res.floats_communicated,
+            "floats_per_round": algo.floats_per_client() * len(clients),
+            "curve_round": [c[0] for c in res.callbacks], "curve_floats": [c[1] for c in res.callbacks],
+            "curve_test_auc": [c[2] for c in res.callbacks]}
+
+
+def _arms_for(cfg: Config, K: int) -> tuple[str, ...]:
+    return TUNED_ARMS
+
+
+def run(cfg: Config, out_dir: Path) -> RunResult:
+    out_dir = Path(out_dir)
+    rec = RunRecorder(SLUG, cfg, out_dir)
+    tasks = {s: load_task(cfg.task, seed=s, imratio=cfg.imratio) for s in cfg.seeds}
+    splits = {(K, s): dirichlet_split(tasks[s].y_train, num_clients=K, alpha=cfg.dirichlet_alpha, seed=s)
+              for K in cfg.clients for s in cfg.seeds}
+    # 1) every tuned arm on the whole grid (validation AUC picks the step; test AUC is only read afterwards)
+    grid: dict[tuple[int, str, float, int], dict[str, Any]] = {}
+    jobs = [(K, arm, lr, s) for K in cfg.clients for arm in _arms_for(cfg, K) for lr in cfg.lr_grid
+            for s in cfg.seeds]
+    for K, arm, lr, s in progress(jobs, desc=f"{SLUG} grid"):
+        seed_everything(s)
+        grid[K, arm, lr, s] = run_arm(tasks[s], splits[K, s], arm=arm, lr=lr, cfg=cfg, seed=s)
+    tuned = {(K, arm): max(cfg.lr_grid, key=lambda lr, K=K, arm=arm: np.mean(
+        [grid[K, arm, lr, s]["val_auc"] for s in cfg.seeds])) for K in cfg.clients for arm in _arms_for(cfg, K)}
+    final = {(K, arm, s): grid[K, arm, tuned[K, arm], s] for (K, arm) in tuned for s in cfg.seeds}
+    # 2) controls at comp3's tuned step
+    jobs2 = [(K, arm, s) for K in cfg.clients for arm in (*CONTROL_ARMS, *EXTRA_ARMS) for s in cfg.seeds
+             if arm not in EXTRA_ARMS or K == cfg.clients[0]]
+    for K, arm, s in progress(jobs2, desc=f"{SLUG} controls"):
+        seed_everything(s)
+        final[K, arm, s] = run_arm(tasks[s], splits[K, s], arm=arm, lr=tuned[K, "comp3"], cfg=cfg, seed=s)
+
+    for s in cfg.seeds:
+        metrics: dict[str, dict[str, float]] = {}
+        for (K, arm, s2), r in final.items():
+            if s2 == s:
+                m = metrics.setdefault(arm, {})
+                m[f"test_auc_K{K}"], m[f"val_auc_K{K}"] = r["test_auc"], r["val_auc"]
+                if "floats" in r:
+                    m[f"floats_K{K}"] = r["floats"]
+        rec.add_seed(s, metrics)
+
+    mp = cfg.margin_points
+    checks: list[ClaimCheck] = []
+    for K in cfg.clients:
+        met = f"test_auc_K{K}"
+        checks += [
+            rec.paired(name=f"K={K}: multi-level (L={cfg.levels}) no worse than two-level (L=2) by > {mp} pt",
+                       metric=met, method_arm="comp3", baseline_arm="comp2", direction=">=", threshold=-mp,
+                       kind="claim", paper_value="multi-level ≥ two-level (abstract, directional)"),
+            rec.paired(name=f"K={K}: multi-level no worse than AUC-M minimax by > {mp} pt", metric=met,
+                       method_arm="comp3", baseline_arm="aucm", direction=">=", threshold=-mp, kind="claim",
+                       paper_value="minimax AUC 'cannot achieve satisfactory performance' (abstract)"),
+            rec.paired(name=f"K={K}: multi-level better than CE-FedAvg by >= {mp} pt", metric=met,
+                       method_arm="comp3", baseline_arm="ce", direction=">=", threshold=mp, kind="claim",
+                       paper_value="AUC methods > CE under imbalance (notes §3)"),
+            rec.paired(name=f"K={K}: regime: federation beats clients training alone by >= {cfg.local_gap_points} pt",
+                       metric=met, method_arm="comp3", baseline_arm="local", direction=">=",
+                       threshold=cfg.local_gap_points, kind="sanity"),
+        ]
+        neg = paired_check(name="(weakened)", metric=met, method=rec.values("comp3_frozen", met),
+                           baseline=rec.values("aucm", met), direction=">=", threshold=-mp, kind="mechanism")
+        checks.append(ClaimCheck(
+            name=f"K={K}: negative control: the non-inferiority test rejects comp3 with frozen estimators",
+            metric=met, measured=float(neg.ci_low), threshold=-mp, direction="<=", kind="sanity",
+            method_arm="comp3_frozen", baseline_arm="aucm",
+            detail=f"lower 95% bound of comp3_frozen − aucm must be <= −{mp} (the test rejects it). {neg.detail}"))
+    if len(cfg.lr_grid) >= 3:
+        edge = [f"K{K}/{arm}={tuned[K, arm]}" for (K, arm) in tuned if tuned[K, arm] in (cfg.lr_grid[0], cfg.lr_grid[-1])]
+        checks.append(ClaimCheck(name="tuning: every arm's chosen step lies inside its grid", metric="tuned_lr",
+                                 measured=float(len(edge)), threshold=0.0, direction="<=", kind="sanity",
+                                 detail="at a grid edge: " + (", ".join(edge) or "none")))
+    best = max(rec.summary()[a][f"test_auc_K{K}"]["mean"] for K in cfg.clients for a in _arms_for(cfg, K))
+    checks.append(ClaimCheck(name="regime: best arm's mean test AUC below the ceiling (99 pt)", metric="test_auc",
+                             measured=best, threshold=99.0, direction="<=", kind="sanity"))
+
+    artifacts = _plots(cfg, final, out_dir)
+    curve_keys = [*tuned, *((cfg.clients[0], a) for a in EXTRA_ARMS)]
+    extra = {
+        "tuned_lr": {f"K{K}/{arm}": lr for (K, arm), lr in tuned.items()},
+        "grid_val_auc_mean": {f"K{K}/{arm}/{lr}": float(np.mean([grid[K, arm, lr, s]["val_auc"] for s in cfg.seeds]))
+                              for (K, arm, lr, _s) in grid},
+        "test_auc_at_x_mean": {f"K{K}/{arm}": float(np.mean([final[K, arm, s]["test_auc_at_x"] for s in cfg.seeds]))
+                               for (K, arm) in curve_keys},
+        "floats_per_round": {f"K{K}/{arm}": final[K, arm, cfg.seeds[0]]["floats_per_round"] for (K, arm) in curve_keys},
+        "local_per_client_test_auc": {f"K{K}/seed{s}": final[K, "local", s]["per_client_test"]
+                                      for K in cfg.clients for s in cfg.seeds},
+        "positives_per_client": {f"K{K}/seed{s}": [int(tasks[s].y_train[p].sum()) for p in splits[K, s]]
+                                 for K in cfg.clients for s in cfg.seeds},
+        "imratio_train": {str(s): tasks[s].imratio for s in cfg.seeds},
+        "curves": {f"K{K}/{arm}": {"round": final[K, arm, cfg.seeds[0]]["curve_round"],
+                                   "floats": final[K, arm, cfg.seeds[0]]["curve_floats"],
+                                   "test_auc": [final[K, arm, s]["curve_test_auc"] for s in cfg.seeds]}
+                   for (K, arm) in curve_keys},
+    }
+    return rec.finish(checks, artifacts=artifacts, extra=extra)
+
+
+def _plots(cfg: Config, final: dict[tuple[int, str, int], dict[str, Any]], out_dir: Path) -> list[Path]:
+    arts = []
+    arms = [a for a in (*TUNED_ARMS, *EXTRA_ARMS, "comp3_frozen") if (cfg.clients[0], a, cfg.seeds[0]) in final]
+    for xkey, fname, xlabel in (("curve_round", "auc_vs_round.png", "communication round"),
+                                ("curve_floats", "auc_vs_floats.png", "floats communicated (uploads, all clients)")):
+        fig, axes = new_figure(len(cfg.clients))
+        for ax, K in zip(axes, cfg.clients, strict=True):
+            for arm in arms:
+                if (K, arm, cfg.seeds[0]) not in final:
+                    continue
+                runs = [final[K, arm, s]["curve_test_auc"] for s in cfg.seeds]
+                band(ax, final[K, arm, cfg.seeds[0]][xkey], runs, label=arm, color=COLORS[arm])
+            loc = float(np.mean([final[K, "local", s]["test_auc"] for s in cfg.seeds]))
+            ax.axhline(loc, color=COLORS["local"], ls=":", label="clients alone (final)")
+            if xkey == "curve_floats":
+                ax.set_xscale("log")
+            ax.set(title=f"{cfg.task}, K={K}, p={cfg.imratio}: test AUC", xlabel=xlabel, ylabel="test AUC (points)")
+            ax.legend(fontsize=7)
+        arts.append(save_figure(fig, out_dir / fname))
+    return arts
