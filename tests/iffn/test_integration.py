@@ -227,12 +227,17 @@ def test_replace_ffn_on_a_swin_like_model_uses_no_prefix_tokens():
     assert not torch.allclose(blk2.mlp(z3), blk2.mlp(z3, grid_size=(4, 4)))
     # explicit prefix-token counts still win; models with a cls token keep P = 1
     assert replace_ffn(_SwinLike(), num_prefix_tokens=0, hidden_ratio=1.0) == 2
-    vit = TinyViT(img_size=8, patch_size=2, embed_dim=16, depth=1)
-    del TinyViT.num_prefix_tokens  # fall back to counting cls_token/dist_token
-    try:
-        replace_ffn(vit)
-    finally:
-        TinyViT.num_prefix_tokens = 1
+    class _ClsOnly(nn.Module):  # a cls token but no num_prefix_tokens attribute: P is counted, = 1
+        def __init__(self) -> None:
+            super().__init__()
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, 8))
+            self.blocks = nn.Sequential(_SwinLikeBlock(8))
+
+    cls_model = _ClsOnly()
+    replace_ffn(cls_model)
+    assert cls_model.blocks[0].mlp.num_prefix_tokens == 1
+    vit = TinyViT(img_size=8, patch_size=2, embed_dim=16, depth=1)  # timm's num_prefix_tokens attribute
+    replace_ffn(vit)
     assert vit.blocks[0].mlp.num_prefix_tokens == 1
 
 

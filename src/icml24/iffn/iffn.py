@@ -136,7 +136,7 @@ class AGeLU(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         if self.param_shape == "channel" and u.shape[-1] != self.num_features:
             raise ValueError(f"iffn: AGeLU expects last dimension {self.num_features}, got {tuple(u.shape)}")
-        a, b, c, d = (self.per_instance(k) for k in "abcd")
+        a, b, c, d = (t.view(self.n_instances, self._width) for t in (self.a, self.b, self.c, self.d))
         if self.n_instances == 1:
             return a[0] * F.gelu(b[0] * u + c[0], approximate=self.approximate) + d[0]
         z = u.unsqueeze(-2)  # (..., 1, C') against (n, C') -> (..., n, C')
