@@ -40,17 +40,20 @@ def test_agelu_matches_per_instance_formula():
     act = AGeLU(5, n_instances=3, init="shift")
     _randomize(act, 1)
     u = torch.randn(2, 9, 5)
-    ref = torch.cat([act.a[k] * F.gelu(act.b[k] * u + act.c[k]) + act.d[k] for k in range(3)], -1)
+    a, b, c, d = (act.per_instance(k) for k in "abcd")
+    ref = torch.cat([a[k] * F.gelu(b[k] * u + c[k]) + d[k] for k in range(3)], -1)
     torch.testing.assert_close(act(u), ref)
 
 
 def test_agelu_inits():
     shift = AGeLU(4, n_instances=3, init="shift", shift=0.5)
-    torch.testing.assert_close(shift.c[:, 0], torch.tensor([-0.5, 0.0, 0.5]))
-    torch.testing.assert_close(AGeLU(4, n_instances=1, init="shift").c, torch.zeros(1, 4))
+    torch.testing.assert_close(shift.per_instance("c")[:, 0], torch.tensor([-0.5, 0.0, 0.5]))
+    torch.testing.assert_close(shift.per_instance("c"), shift.initial_shifts())
+    torch.testing.assert_close(AGeLU(4, n_instances=1, init="shift").per_instance("c"), torch.zeros(1, 4))
     sign = AGeLU(4, n_instances=2, init="sign", shift=0.5)
-    torch.testing.assert_close(sign.b[:, 0], torch.tensor([1.0, -1.0]))
-    torch.testing.assert_close(sign.c, torch.full((2, 4), 0.5))
+    torch.testing.assert_close(sign.per_instance("b")[:, 0], torch.tensor([1.0, -1.0]))
+    torch.testing.assert_close(sign.per_instance("c"), torch.full((2, 4), 0.5))
+    torch.testing.assert_close(sign.per_instance("c"), sign.initial_shifts())
     fixed = AGeLU(4, n_instances=2, init="shift", learnable=False)
     assert list(fixed.parameters()) == [] and {n for n, _ in fixed.named_buffers()} == {"a", "b", "c", "d"}
 
@@ -79,8 +82,8 @@ def _reference_iffn(m: IFFN, x: torch.Tensor, p: int) -> torch.Tensor:
     out = torch.zeros(b, n, m.out_features, dtype=x.dtype)
     for bi in range(b):
         for t in range(n):
-            hc = torch.cat([m.act.a[i] * F.gelu(m.act.b[i] * u[bi, t] + m.act.c[i]) + m.act.d[i]
-                            for i in range(m.n_instances)])
+            a, b_, c, d = (m.act.per_instance(q) for q in "abcd")
+            hc = torch.cat([a[i] * F.gelu(b_[i] * u[bi, t] + c[i]) + d[i] for i in range(m.n_instances)])
             if t < p:
                 hs = torch.zeros(m.hidden, dtype=x.dtype)
             else:
@@ -92,7 +95,7 @@ def _reference_iffn(m: IFFN, x: torch.Tensor, p: int) -> torch.Tensor:
                         if 0 <= ii < side and 0 <= jj < side:
                             s = s + w[:, di, dj] * u[bi, p + ii * side + jj]
                 sa = m.spatial_act
-                hs = sa.a[0] * F.gelu(sa.b[0] * s + sa.c[0]) + sa.d[0]
+                hs = sa.a * F.gelu(sa.b * s + sa.c) + sa.d
             out[bi, t] = m.fc2.weight @ torch.cat([hc, hs]) + m.fc2.bias
     return out
 

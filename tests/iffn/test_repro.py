@@ -103,3 +103,26 @@ def test_config_validation(change, match):
 def test_cli_override_types():
     cfg = Config().with_overrides({"vit_arms": "ffn_r4,iffn_r1,ffn_r1", "toy_hidden": "8,16", "epochs": "3"})
     assert cfg.vit_arms == ("ffn_r4", "iffn_r1", "ffn_r1") and cfg.toy_hidden == (8, 16) and cfg.epochs == 3
+
+
+def test_quick_run_records_the_spread_of_learned_shifts(quick_result):
+    result, out = quick_result
+    cfg = Config.quick()
+    spread = json.loads((out / "results.json").read_text())["extra"]["agelu_shift_spread"]
+    assert set(spread) == {"iffn_r1"}  # the only arm with learnable AGeLUs in the quick config
+    assert set(spread["iffn_r1"]) == {str(s) for s in cfg.seeds}
+    for stats in spread["iffn_r1"].values():
+        assert stats["n_layers"] == cfg.depth and stats["n_values"] == cfg.depth * cfg.n_instances * cfg.embed_dim
+        assert stats["min"] < stats["mean"] < stats["max"] and stats["std"] > 0
+        assert stats["moved_max_abs"] > 0  # training moved the shifts away from their init
+        assert len(stats["per_instance_mean"]) == cfg.n_instances
+
+
+def test_serial_arm_builds_and_trains_a_step():
+    cfg = Config.quick()
+    torch.manual_seed(0)
+    vit = build_vit("iffn_serial_r1", cfg, "cpu")
+    mlp = vit.blocks[0].mlp
+    assert mlp.topology == "serial" and mlp.fc2_in == cfg.n_instances * cfg.embed_dim
+    vit.forward_features(torch.randn(2, 1, 8, 8)).sum().backward()  # the cls logit alone skips the last conv
+    assert mlp.dwconv.weight.grad.abs().sum() > 0

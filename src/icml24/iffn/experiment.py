@@ -33,16 +33,17 @@ from icml24.common.plotting import band, new_figure, save_figure
 from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, compare_arms
 from icml24.common.seeding import seed_everything, torch_generator
-from icml24.iffn.iffn import IFFN, AGeLU, count_flops
+from icml24.iffn.iffn import IFFN, AGeLU, agelu_shift_spread, count_flops
 
 SLUG = "iffn"
 TOY_TARGETS = ("ridge", "teacher")
-ARM_KINDS = ("ffn", "iffn", "iffn_nospatial", "iffn_n1", "dwconv_gelu")
+ARM_KINDS = ("ffn", "iffn", "iffn_nospatial", "iffn_n1", "dwconv_gelu", "iffn_serial")
 _ARM_RE = re.compile(r"^(?P<kind>[a-z_0-9]+?)_r(?P<ratio>\d+(?:\.\d+)?)$")
 
 
 def parse_arm(name: str) -> tuple[str, float]:
-    """``"<kind>_r<ratio>"`` -> ``(kind, ratio)``; kinds: ffn, iffn, iffn_nospatial, iffn_n1, dwconv_gelu."""
+    """``"<kind>_r<ratio>"`` -> ``(kind, ratio)``; kinds: ffn, iffn, iffn_nospatial, iffn_n1, dwconv_gelu,
+    iffn_serial (fc1 -> DWConv -> n AGeLU -> fc2, LocalViT/CMT topology)."""
     m = _ARM_RE.match(name)
     if not m or m["kind"] not in ARM_KINDS or float(m["ratio"]) <= 0:
         raise ValueError(f"iffn: arm {name!r} must look like '<kind>_r<ratio>' with kind in {ARM_KINDS} and "
@@ -71,7 +72,8 @@ class Config(ExperimentConfig):
     vit_arms: tuple[str, ...] = field(default=("ffn_r4", "ffn_r2", "ffn_r1", "iffn_r1", "iffn_nospatial_r1",
                                                "dwconv_gelu_r1"), metadata=_h(
         "ViT FFN variants '<kind>_r<ratio>': ffn (GeLU Mlp), iffn (n AGeLU + DWConv), iffn_nospatial, iffn_n1 "
-        "(one AGeLU + DWConv), dwconv_gelu (one fixed GeLU + DWConv, LocalViT/IRFFN-like); notes §4"))
+        "(one AGeLU + DWConv), dwconv_gelu (one fixed GeLU + DWConv, LocalViT/IRFFN-like), iffn_serial (fc1 -> DWConv "
+        "-> n AGeLU -> fc2, LocalViT/CMT topology); notes §4"))
     claim_method: str = field(default="iffn_r1", metadata=_h("IFFN arm of the claim checks"))
     claim_full: str = field(default="ffn_r4", metadata=_h("the full FFN (ratio 4) arm of the claim checks"))
     claim_reduced: str = field(default="ffn_r1", metadata=_h("the FFN at the IFFN's reduced ratio"))
@@ -209,6 +211,9 @@ def mlp_layer_for(arm: str, cfg: Config):
     if kind == "iffn_nospatial":
         return functools.partial(IFFN, n_instances=cfg.n_instances, agelu_init=cfg.agelu_init, spatial=False,
                                  **common)
+    if kind == "iffn_serial":
+        return functools.partial(IFFN, n_instances=cfg.n_instances, agelu_init=cfg.agelu_init, topology="serial",
+                                 **common)
     if kind == "iffn_n1":
         return functools.partial(IFFN, n_instances=1, agelu_init="gelu", **common)
     # dwconv_gelu: one fixed GeLU on the channel path + DWConv branch with a plain GeLU (LocalViT/IRFFN-like)
@@ -318,6 +323,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     toy_arms = ("ffn_full", "ffn_half", "iffn_half")
     curves: dict[str, list[list[float]]] = {a: [] for a in cfg.vit_arms}
     agelu_stats: dict[str, dict[str, float]] = {}
+    shift_spread: dict[str, dict[str, dict[str, object]]] = {}
     costs: dict[str, dict[str, float]] = {}
     for seed in progress(cfg.seeds, desc=SLUG):
         metrics: dict[str, dict[str, float]] = {}
@@ -344,6 +350,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                 agelu_stats[arm] = {k: float(torch.stack([getattr(a, k).detach().float().mean() for a in acts]).mean())
                                     for k in "abcd"}
                 agelu_stats[arm]["min_abs_b"] = float(min(a.b.detach().abs().min() for a in acts))
+            spread = agelu_shift_spread(model)  # learned shifts c of the channel-path AGeLUs
+            if spread:
+                shift_spread.setdefault(arm, {})[str(seed)] = spread
         rec.add_seed(seed, metrics)
 
     s = rec.summary()
@@ -353,6 +362,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                  for t in cfg.toy_targets}
     return rec.finish(checks, artifacts=[a for a in artifacts if a is not None],
                       extra={"vit_costs_per_image": costs, "agelu_param_means_last_seed": agelu_stats,
+                             "agelu_shift_spread": shift_spread,
                              "toy_mse_means": toy_table,
                              "vit_test_acc_curves": {a: np.mean(c, 0).tolist() for a, c in curves.items()}})
 

@@ -28,6 +28,9 @@ from icml24.common import validate as v
 __all__ = [
     "AGeLU",
     "IFFN",
+    "agelu_parameter_names",
+    "agelu_shift_spread",
+    "agelu_shifts",
     "count_flops",
     "ffn_flops_per_token",
     "ffn_num_params",
@@ -47,7 +50,11 @@ class AGeLU(nn.Module):
         num_features: C', the width of the last input dimension; needed for ``param_shape="channel"``.
             ``None`` (as when used as a timm ``act_layer()``) gives scalar parameters.
         n_instances: n, number of AGeLU instances (>= 1).
-        param_shape: ``"channel"`` (a, b, c, d of shape ``(n, C')``) or ``"scalar"`` (shape ``(n, 1)``).
+        param_shape: ``"channel"`` (C' values per instance) or ``"scalar"`` (one value per instance). The
+            parameters are stored **1-D**, instance-major: ``a`` has shape ``(n·C',)`` (``"channel"``) or ``(n,)``
+            (``"scalar"``), so ``a[k·C' + j]`` scales output channel ``k·C' + j``; :meth:`per_instance` gives the
+            ``(n, C')`` / ``(n, 1)`` view. Being 1-D they fall in the no-decay group of timm's rule
+            (``ndim <= 1``); checkpoints with the former 2-D ``(n, C')`` shapes still load.
         init: ``"gelu"``: a=b=1, c=d=0 for every instance (exactly ``F.gelu``); ``"shift"``: a=b=1, d=0,
             c_k evenly spaced in ``[-shift, shift]`` (c=0 when n=1); ``"sign"``: b_k alternates +1, -1 and
             c_k = shift (a sign flip alone would be linearly dependent: GeLU(-u) = GeLU(u) - u).
@@ -77,6 +84,7 @@ class AGeLU(nn.Module):
         self.n_instances = n_instances
         self.param_shape = param_shape
         self.init = init
+        self.shift = shift
         self.approximate = approximate
         width = num_features if param_shape == "channel" else 1
         kw = {"device": device, "dtype": dtype}
@@ -89,11 +97,36 @@ class AGeLU(nn.Module):
         elif init == "sign":
             b *= torch.tensor([(-1.0) ** k for k in range(n_instances)], **kw)[:, None]
             c += shift
+        self._width = width
         for name, value in (("a", a), ("b", b), ("c", c), ("d", d)):
+            value = value.reshape(-1)  # 1-D: excluded from weight decay by timm's ``ndim <= 1`` rule
             if learnable:
                 self.register_parameter(name, nn.Parameter(value))
             else:
                 self.register_buffer(name, value)
+
+    def initial_shifts(self) -> torch.Tensor:
+        """The ``(n, C')`` (or ``(n, 1)``) shifts c_k this layer was initialised with (``init``, ``shift``)."""
+        c = torch.zeros(self.n_instances, self._width, device=self.c.device, dtype=self.c.dtype)
+        if self.init == "shift" and self.n_instances > 1:
+            c += torch.linspace(-self.shift, self.shift, self.n_instances, device=c.device, dtype=c.dtype)[:, None]
+        elif self.init == "sign":
+            c += self.shift
+        return c
+
+    def per_instance(self, name: Literal["a", "b", "c", "d"]) -> torch.Tensor:
+        """The parameter ``name`` as an ``(n, C')`` view (``(n, 1)`` for scalar parameters); row k is instance k."""
+        v.one_of("iffn", "name", name, ("a", "b", "c", "d"))
+        return getattr(self, name).view(self.n_instances, self._width)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        for name in "abcd":  # checkpoints written with the former (n, C') layout
+            t = state_dict.get(prefix + name)
+            if isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape == (self.n_instances, self._width):
+                state_dict[prefix + name] = t.reshape(-1)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     @property
     def out_features(self) -> int | None:
@@ -103,10 +136,11 @@ class AGeLU(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         if self.param_shape == "channel" and u.shape[-1] != self.num_features:
             raise ValueError(f"iffn: AGeLU expects last dimension {self.num_features}, got {tuple(u.shape)}")
+        a, b, c, d = (t.view(self.n_instances, self._width) for t in (self.a, self.b, self.c, self.d))
         if self.n_instances == 1:
-            return self.a[0] * F.gelu(self.b[0] * u + self.c[0], approximate=self.approximate) + self.d[0]
+            return a[0] * F.gelu(b[0] * u + c[0], approximate=self.approximate) + d[0]
         z = u.unsqueeze(-2)  # (..., 1, C') against (n, C') -> (..., n, C')
-        h = self.a * F.gelu(self.b * z + self.c, approximate=self.approximate) + self.d
+        h = a * F.gelu(b * z + c, approximate=self.approximate) + d
         return h.flatten(-2)
 
     def extra_repr(self) -> str:
@@ -119,7 +153,9 @@ class IFFN(nn.Module):
 
     ``U = fc1(X)`` (C -> C'), ``H_c = cat_k AGeLU_k(U)`` (n·C'), ``H_s = AGeLU_s(norm(DWConv(grid(U))))``
     (C', patch tokens only; prefix/cls tokens get zeros), ``Y = fc2(cat(H_c, H_s))`` for ``spatial_merge=
-    "concat"`` or ``fc2(H_c + repeat_n(H_s))`` for ``"add"``.
+    "concat"`` or ``fc2(H_c + repeat_n(H_s))`` for ``"add"`` (``topology="parallel"``, the default).
+    ``topology="serial"`` puts the depthwise conv *before* the activations, as in LocalViT / CMT's IRFFN:
+    ``Y = fc2(cat_k AGeLU_k(norm(DWConv(grid(U)))))`` (fc2 input n·C'; prefix tokens skip the conv, keeping U).
 
     The first seven arguments follow timm's ``Mlp`` (``mlp_layer`` slot of timm's ``Block``); timm's block
     calls ``mlp_layer(in_features=dim, hidden_features=int(dim*mlp_ratio), act_layer=, norm_layer=, bias=,
@@ -147,7 +183,14 @@ class IFFN(nn.Module):
         agelu_shift: shift used by ``agelu_init``.
         agelu_learnable: False fixes a, b, c, d (plain shifted GeLUs; ablation).
         param_shape: ``"channel"`` or ``"scalar"`` AGeLU parameters.
-        num_prefix_tokens: P, leading tokens (cls/dist) that bypass the spatial branch.
+        num_prefix_tokens: P, leading tokens (cls/dist) that bypass the spatial branch (0 for Swin-like hosts,
+            whose FFN sees the ``(B, H·W, C)`` stage map, or for window tokens ``(B·nW, ws², C)``).
+        grid_size: default ``(H, W)`` of the patch-token grid of ``(B, N, C)`` input when the host cannot pass
+            one (a non-square Swin stage); ``None`` infers a square grid. A ``grid_size`` given to
+            :meth:`forward` takes precedence.
+        topology: ``"parallel"`` (conv branch beside the activations, merged by ``spatial_merge``) or
+            ``"serial"`` (fc1 -> DWConv -> norm -> AGeLU_k -> fc2, LocalViT/CMT; ``spatial_merge`` and
+            ``spatial_act`` unused). RECONSTRUCTED: the paper's topology is not known.
         device: device of the parameters.
         dtype: dtype of the parameters.
     """
@@ -161,6 +204,7 @@ class IFFN(nn.Module):
                  spatial_norm: Literal["none", "bn"] = "none", spatial_act: Literal["agelu", "gelu"] = "agelu",
                  agelu_init: AGeLUInit = "shift", agelu_shift: float = 0.5, agelu_learnable: bool = True,
                  param_shape: Literal["channel", "scalar"] = "channel", num_prefix_tokens: int = 1,
+                 grid_size: tuple[int, int] | None = None, topology: Literal["parallel", "serial"] = "parallel",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         v.integer("iffn", "in_features", in_features, minimum=1)
@@ -178,6 +222,10 @@ class IFFN(nn.Module):
         v.one_of("iffn", "spatial_merge", spatial_merge, ("concat", "add"))
         v.one_of("iffn", "spatial_norm", spatial_norm, ("none", "bn"))
         v.one_of("iffn", "spatial_act", spatial_act, ("agelu", "gelu"))
+        v.one_of("iffn", "topology", topology, ("parallel", "serial"))
+        if grid_size is not None:
+            _check_grid_size(grid_size)
+            grid_size = (int(grid_size[0]), int(grid_size[1]))
         v.in_range("iffn", "drop", drop, 0.0, 1.0, high_open=True)
         biases = (bias, bias) if isinstance(bias, bool) else tuple(bias)
         if len(biases) != 2:
@@ -194,6 +242,8 @@ class IFFN(nn.Module):
         self.kernel_size = kernel_size
         self.spatial_merge = spatial_merge
         self.num_prefix_tokens = num_prefix_tokens
+        self.grid_size = grid_size
+        self.topology = topology
         self.bias = biases
         kw = {"device": device, "dtype": dtype}
 
@@ -204,9 +254,11 @@ class IFFN(nn.Module):
             self.dwconv = nn.Conv2d(hidden, hidden, kernel_size, padding=kernel_size // 2, groups=hidden,
                                     bias=biases[0], **kw)
             self.spatial_norm = nn.BatchNorm2d(hidden, **kw) if spatial_norm == "bn" else nn.Identity()
-            self.spatial_act = (AGeLU(hidden, param_shape=param_shape, init="gelu", **kw) if spatial_act == "agelu"
-                                else nn.GELU())
-        self.fc2_in = hidden * (n_instances + (1 if spatial and spatial_merge == "concat" else 0))
+            if topology == "parallel":
+                self.spatial_act = (AGeLU(hidden, param_shape=param_shape, init="gelu", **kw)
+                                    if spatial_act == "agelu" else nn.GELU())
+        concat = spatial and topology == "parallel" and spatial_merge == "concat"
+        self.fc2_in = hidden * (n_instances + (1 if concat else 0))
         self.drop1 = nn.Dropout(drop)
         self.norm = norm_layer(self.fc2_in) if norm_layer is not None else nn.Identity()
         if device is not None or dtype is not None:
@@ -220,9 +272,7 @@ class IFFN(nn.Module):
         if n_grid < 1:
             raise ValueError(f"iffn: the spatial branch needs patch tokens: N={n_tokens} <= num_prefix_tokens={p}")
         if grid_size is not None:
-            if (not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2
-                    or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in grid_size)):
-                raise ValueError(f"iffn: grid_size must be two ints >= 1, got {grid_size!r}")
+            _check_grid_size(grid_size)
             h, w = grid_size
             if h * w != n_grid:
                 raise ValueError(f"iffn: grid_size {grid_size} has {h * w} cells but there are {n_grid} patch "
@@ -250,11 +300,17 @@ class IFFN(nn.Module):
             b, gh, gw, c = x.shape
             y = self._forward_tokens(x.reshape(b, gh * gw, c), 0, (gh, gw))
             return y.reshape(b, gh, gw, -1)
-        return self._forward_tokens(x, self.num_prefix_tokens, grid_size)
+        return self._forward_tokens(x, self.num_prefix_tokens, grid_size if grid_size is not None else self.grid_size)
 
     def _forward_tokens(self, x: torch.Tensor, p: int, grid_size: tuple[int, int] | None) -> torch.Tensor:
         hw = self._grid(x.shape[1], p, grid_size) if self.spatial else None
         u = self.fc1(x)                                     # (B, N, C')
+        if self.spatial and self.topology == "serial":     # fc1 -> DWConv -> act (LocalViT / CMT)
+            b, _, cp = u.shape
+            g = u[:, p:].transpose(1, 2).reshape(b, cp, hw[0], hw[1])
+            s = self.spatial_norm(self.dwconv(g)).flatten(2).transpose(1, 2)
+            h = self.act(torch.cat([u[:, :p], s], dim=1))   # prefix tokens keep U (no conv)
+            return self.drop2(self.fc2(self.norm(self.drop1(h))))
         h = self.act(u)                                     # (B, N, n·C')
         if self.spatial:
             b, _, cp = u.shape
@@ -294,14 +350,21 @@ class IFFN(nn.Module):
         if self.spatial:
             total += cp * self.kernel_size ** 2 + (cp if self.bias[0] else 0)
             total += sum(t.numel() for t in self.spatial_norm.parameters())
-            total += sum(t.numel() for t in self.spatial_act.parameters())
+            if self.topology == "parallel":
+                total += sum(t.numel() for t in self.spatial_act.parameters())
         total += sum(t.numel() for t in self.norm.parameters())
         return total + self.fc2_in * o + (o if self.bias[1] else 0)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, hidden={self.hidden}, n_instances={self.n_instances}, "
                 f"spatial={self.spatial}, kernel_size={self.kernel_size}, spatial_merge={self.spatial_merge!r}, "
-                f"num_prefix_tokens={self.num_prefix_tokens}")
+                f"num_prefix_tokens={self.num_prefix_tokens}, topology={self.topology!r}")
+
+
+def _check_grid_size(grid_size: object) -> None:
+    if (not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2
+            or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in grid_size)):
+        raise ValueError(f"iffn: grid_size must be two ints >= 1, got {grid_size!r}")
 
 
 def ffn_flops_per_token(*, in_features: int, hidden_features: int, out_features: int | None = None) -> int:
@@ -328,18 +391,40 @@ def count_flops(module: nn.Module, *inputs: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
+def _default_prefix_tokens(model: nn.Module) -> int:
+    """timm's ``model.num_prefix_tokens`` if present, else the number of ``cls_token``/``dist_token`` tensors
+    (0 for Swin-like models, which have neither)."""
+    p = getattr(model, "num_prefix_tokens", None)
+    if p is not None:
+        return int(p)
+    return sum(isinstance(getattr(model, k, None), torch.Tensor) for k in ("cls_token", "dist_token"))
+
+
 def replace_ffn(model: nn.Module, *, attr: str = "mlp", num_prefix_tokens: int | None = None,
+                keep_weights: bool = False, new_fc2_columns: Literal["zeros", "init"] = "zeros",
                 **iffn_kwargs: object) -> int:
     """Replace every FFN stored as ``<block>.<attr>`` (a module with Linear ``fc1``/``fc2``) by an :class:`IFFN`.
 
-    Works on timm-style ViTs (``blocks.i.mlp``) and the package's ``TinyViT``. The new module lives on the old
-    one's device/dtype and keeps its in/out widths; ``hidden_features`` defaults to the old hidden width
-    (used when ``hidden_ratio=None``).
+    Works on timm-style ViTs (``blocks.i.mlp``), Swin-like models (``layers.i.blocks.j.mlp``, no prefix tokens)
+    and the package's ``TinyViT``. The new module lives on the old one's device/dtype and keeps its in/out
+    widths; ``hidden_features`` defaults to the old hidden width (used when ``hidden_ratio=None``).
+
+    With ``keep_weights=True`` the pretrained linear weights are copied where shapes allow (old hidden width
+    C'_old, new C', m = min(C', C'_old)): ``fc1.weight[:m]``/``fc1.bias[:m]`` <- the old first m rows (hidden
+    units m..C'-1, if any, keep their fresh init); ``fc2.weight[:, :m]`` (the columns read by the first AGeLU
+    instance) <- the old first m columns; ``fc2.bias`` <- the old bias. Every other fc2 input column (AGeLU
+    instances 2..n, the concat spatial part, units beyond C'_old) is zero (``new_fc2_columns="zeros"``: the
+    new paths start silent, so with ``n_instances=1, agelu_init="gelu", spatial=False`` and the old width the
+    block computes the old FFN exactly) or keeps its fresh init (``"init"``). A reduced width (C' < C'_old)
+    keeps the *first* C' hidden units, not a selection by importance.
 
     Args:
         model: the network, modified in place.
         attr: attribute name of the FFN inside a block.
-        num_prefix_tokens: P for every IFFN; default ``model.num_prefix_tokens`` (timm convention) or 1.
+        num_prefix_tokens: P for every IFFN; default ``model.num_prefix_tokens`` (timm convention), else the
+            number of ``cls_token``/``dist_token`` attributes of ``model`` (0 for Swin-like models).
+        keep_weights: copy the old fc1/fc2 weights as described above.
+        new_fc2_columns: ``"zeros"`` or ``"init"`` for the fc2 columns without a pretrained counterpart.
         **iffn_kwargs: keyword arguments of :class:`IFFN` (``hidden_ratio``, ``n_instances``, ``spatial``...).
 
     Returns:
@@ -347,8 +432,11 @@ def replace_ffn(model: nn.Module, *, attr: str = "mlp", num_prefix_tokens: int |
     """
     if not attr:
         raise ValueError("iffn: attr must name the FFN attribute, got ''")
+    if not isinstance(keep_weights, bool):
+        raise TypeError(f"iffn: keep_weights must be a bool, got {type(keep_weights).__name__}")
+    v.one_of("iffn", "new_fc2_columns", new_fc2_columns, ("zeros", "init"))
     if num_prefix_tokens is None:
-        num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
+        num_prefix_tokens = _default_prefix_tokens(model)
     targets = []
     for parent in model.modules():
         old = getattr(parent, attr, None)
@@ -360,5 +448,69 @@ def replace_ffn(model: nn.Module, *, attr: str = "mlp", num_prefix_tokens: int |
         kwargs = {"hidden_features": old.fc1.out_features, "out_features": old.fc2.out_features,
                   "bias": (old.fc1.bias is not None, old.fc2.bias is not None),
                   "num_prefix_tokens": num_prefix_tokens, "device": w.device, "dtype": w.dtype, **iffn_kwargs}
-        setattr(parent, attr, IFFN(old.fc1.in_features, **kwargs))
+        new = IFFN(old.fc1.in_features, **kwargs)
+        if keep_weights:
+            _copy_ffn_weights(old, new, zero_rest=new_fc2_columns == "zeros")
+        setattr(parent, attr, new)
     return len(targets)
+
+
+@torch.no_grad()
+def _copy_ffn_weights(old: nn.Module, new: IFFN, *, zero_rest: bool) -> None:
+    if old.fc2.out_features != new.fc2.out_features or old.fc1.in_features != new.fc1.in_features:
+        raise ValueError(f"iffn: keep_weights needs the same in/out widths, got {old.fc1.in_features}->"
+                         f"{old.fc2.out_features} vs {new.fc1.in_features}->{new.fc2.out_features}")
+    m = min(old.fc1.out_features, new.hidden)
+    new.fc1.weight[:m].copy_(old.fc1.weight[:m])
+    if new.fc1.bias is not None and old.fc1.bias is not None:
+        new.fc1.bias[:m].copy_(old.fc1.bias[:m])
+    if zero_rest:
+        new.fc2.weight.zero_()
+    new.fc2.weight[:, :m].copy_(old.fc2.weight[:, :m])
+    if new.fc2.bias is not None and old.fc2.bias is not None:
+        new.fc2.bias.copy_(old.fc2.bias)
+
+
+def agelu_parameter_names(model: nn.Module) -> list[str]:
+    """Names (as in ``model.named_parameters()``) of every learnable AGeLU a, b, c, d: the list to subtract
+    from transformers' ``Trainer.get_decay_parameter_names``, whose name-based rule decays them."""
+    return [f"{mod_name}.{p_name}" if mod_name else p_name
+            for mod_name, mod in model.named_modules() if isinstance(mod, AGeLU)
+            for p_name, _ in mod.named_parameters(recurse=False)]
+
+
+def agelu_shifts(model: nn.Module, *, channel_only: bool = True) -> dict[str, torch.Tensor]:
+    """The learned shifts c of every learnable AGeLU in ``model``: ``{module name: (n, C') tensor}`` (detached
+    copies; ``(n, 1)`` for scalar parameters). ``channel_only`` skips the spatial branch's single AGeLU
+    (``*.spatial_act``), keeping the multi-instance channel-path activations."""
+    out = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, AGeLU) and isinstance(mod.c, nn.Parameter):
+            if channel_only and name.split(".")[-1] == "spatial_act":
+                continue
+            out[name] = mod.per_instance("c").detach().clone()
+    return out
+
+
+def agelu_shift_spread(model: nn.Module, *, channel_only: bool = True) -> dict[str, object]:
+    """Spread of the learned shifts c (see :func:`agelu_shifts`) over all channels of all AGeLU layers:
+    ``std``, ``min``, ``max``, ``iqr`` of c; ``moved_std``/``moved_max_abs`` of c minus its init; and per
+    instance k the mean and std of c_k (layers with the same n only, else omitted). Empty dict if none."""
+    shifts = agelu_shifts(model, channel_only=channel_only)
+    if not shifts:
+        return {}
+    mods = dict(model.named_modules())
+    c = torch.cat([t.flatten() for t in shifts.values()]).double()
+    moved = torch.cat([(t - mods[k].initial_shifts()).flatten() for k, t in shifts.items()]).double()
+    q = torch.quantile(c, torch.tensor([0.25, 0.75], dtype=c.dtype))
+    out: dict[str, object] = {
+        "n_layers": len(shifts), "n_values": int(c.numel()), "mean": float(c.mean()),
+        "std": float(c.std(unbiased=False)), "min": float(c.min()), "max": float(c.max()),
+        "iqr": float(q[1] - q[0]), "moved_std": float(moved.std(unbiased=False)),
+        "moved_max_abs": float(moved.abs().max())}
+    ns = {t.shape[0] for t in shifts.values()}
+    if len(ns) == 1:
+        per = torch.cat([t.double() for t in shifts.values()], dim=1)  # (n, Σ C')
+        out["per_instance_mean"] = per.mean(1).tolist()
+        out["per_instance_std"] = per.std(1, unbiased=False).tolist()
+    return out
