@@ -69,6 +69,8 @@ class Config(ExperimentConfig):
         "confidence thresholds t each SSL arm is tuned over on validation (notes: 0.7 toy, 0.95 official)"))
     sup_lr_factors: tuple[float, ...] = field(default=(1.0, 0.3), metadata=help_text(
         "lr multipliers the supervised arm is tuned over (same grid size as the SSL arms)"))
+    workers: int = field(default=1, metadata=help_text(
+        "processes running the independent, seeded training runs (results do not depend on it up to float nondeterminism)"))
     tune_seed: int = field(default=1000, metadata=help_text("seed of the tuning draw (not an evaluation seed)"))
     # Gaussian tier
     gauss_distributions: tuple[str, ...] = field(default=DISTRIBUTIONS, metadata=help_text(
@@ -81,7 +83,7 @@ class Config(ExperimentConfig):
     gauss_gamma_u: float = field(default=20.0, metadata=help_text("γ_u (notes §5.1)"))
     gauss_test_per_class: int = field(default=300, metadata=help_text("balanced test points per class"))
     gauss_val_per_class: int = field(default=20, metadata=help_text("balanced validation points per class (tuning)"))
-    gauss_steps: int = field(default=500, metadata=help_text("SGD steps (notes §5.1: 3000; cut for the budget)"))
+    gauss_steps: int = field(default=300, metadata=help_text("SGD steps (notes §5.1: 3000; cut for the budget)"))
     gauss_lr: float = field(default=0.1, metadata=help_text("lr (notes §5.1)"))
     # MNIST-1D tier
     mnist1d_distributions: tuple[str, ...] = field(default=("consistent", "reversed", "head-tail"), metadata=help_text(
@@ -91,7 +93,7 @@ class Config(ExperimentConfig):
     mnist1d_gamma_l: float = field(default=10.0, metadata=help_text("γ_l (notes §5.2 digits: 10)"))
     mnist1d_n_u: int = field(default=280, metadata=help_text("M1 (the pool holds 354-370 series per class; 60 + 280 fits)"))
     mnist1d_gamma_u: float = field(default=10.0, metadata=help_text("γ_u"))
-    mnist1d_steps: int = field(default=1000, metadata=help_text("SGD steps (ours, CPU budget)"))
+    mnist1d_steps: int = field(default=800, metadata=help_text("SGD steps (ours, CPU budget)"))
     mnist1d_lr: float = field(default=0.1, metadata=help_text("lr (ours)"))
     # thresholds of the checks (issue, fixed before the first full run)
     gain_margin: float = field(default=5.0, metadata=help_text(
@@ -103,7 +105,7 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("batch_size", "mu", "updates_per_run", "gauss_dim", "gauss_n_l", "gauss_n_u",
+        for name in ("workers", "batch_size", "mu", "updates_per_run", "gauss_dim", "gauss_n_l", "gauss_n_u",
                      "gauss_test_per_class", "gauss_val_per_class", "gauss_steps", "mnist1d_num_seeds",
                      "mnist1d_n_l", "mnist1d_n_u", "mnist1d_steps"):
             if getattr(self, name) < 1:
@@ -204,16 +206,30 @@ def run_arm(cfg: Config, data: dict[str, Any], arm: str, hp: dict[str, float], s
     return ev
 
 
-def _run_cached(cfg: Config, data: dict[str, Any], tier: str, arm: str, hp: dict[str, float], seed: int, on: str,
-                cache: dict[tuple[str, str, int, str], dict[str, Any]]) -> dict[str, Any]:
-    """The supervised arm never sees the unlabeled set and the labeled draw of a seed is the same for every
-    distribution, so its run is shared across distributions (identical numbers, computed once)."""
-    if arm != "supervised":
-        return run_arm(cfg, data, arm, hp, seed, on=on)
-    key = (tier, str(hp), seed, on)
-    if key not in cache:
-        cache[key] = run_arm(cfg, data, arm, hp, seed, on=on)
-    return dict(cache[key])
+Job = tuple[str, str, str, int, int, str]  # (tier, distribution or "*", arm, grid index, seed, "val" | "test")
+
+
+def _job(cfg: Config, job: Job) -> dict[str, Any]:
+    t, d, a, i, seed, on = job
+    data = _data(cfg, t, "consistent" if d == "*" else d, seed)
+    return run_arm(cfg, data, a, _grid(cfg, a)[i], seed, on=on)
+
+
+def _worker_init(threads: int) -> None:
+    torch.set_num_threads(max(threads, 1))
+
+
+def _execute(cfg: Config, jobs: list[Job], *, desc: str) -> dict[Job, dict[str, Any]]:
+    """Run independent, fully seeded jobs in this process or in ``cfg.workers`` processes (same numbers)."""
+    if cfg.workers <= 1 or len(jobs) <= 1:
+        return {j: _job(cfg, j) for j in progress(jobs, desc=desc)}
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=cfg.workers, mp_context=mp.get_context("spawn"),
+                             initializer=_worker_init, initargs=(cfg.threads,)) as pool:
+        futs = {j: pool.submit(_job, cfg, j) for j in jobs}
+        return {j: f.result() for j, f in progress(list(futs.items()), desc=desc)}
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -226,35 +242,42 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     def arms_of(tier: str, dist: str) -> tuple[str, ...]:
         return (*ARMS, CONTROL) if dist in CONTROL_CELLS[tier] else ARMS
 
+    # every cell's data is built before any training, so an infeasible split fails at once
+    for t, d in cells:
+        _data(cfg, t, d, cfg.tune_seed)
+    # the supervised arm never sees the unlabeled set, and a seed's labeled / validation / test draws are the
+    # same for every distribution: it runs once per (tier, seed) and is shared by the tier's cells
+    def key(t: str, d: str, a: str) -> str:
+        return "*" if a == "supervised" else d
+
     # 1) tuning: every arm gets the same number of configurations, scored on balanced validation data
+    tune_jobs = sorted({(t, key(t, d, a), a, i, cfg.tune_seed, "val") for t, d in cells for a in arms_of(t, d)
+                        for i in range(len(_grid(cfg, a)))})
+    tune_res = _execute(cfg, tune_jobs, desc=f"{SLUG} tune")
     tuned: dict[tuple[str, str, str], dict[str, float]] = {}
     val_scores: dict[str, dict[str, float]] = {}
-    jobs = [(t, d, a, i) for t, d in cells for a in arms_of(t, d) for i in range(len(_grid(cfg, a)))]
-    # every cell's data is built before any training, so an infeasible split fails at once
-    tune_data = {(t, d): _data(cfg, t, d, cfg.tune_seed) for t, d in cells}
-    sup_cache: dict[tuple[str, str, int, str], dict[str, Any]] = {}
-    for t, d, a, i in progress(jobs, desc=f"{SLUG} tune"):
-        hp = _grid(cfg, a)[i]
-        r = _run_cached(cfg, tune_data[t, d], t, a, hp, cfg.tune_seed, "val", sup_cache)
-        val_scores.setdefault(f"{t}/{d}/{a}", {})[str(hp)] = r["bal_acc"]
-        best = tuned.get((t, d, a))
-        if best is None or r["bal_acc"] > val_scores[f"{t}/{d}/{a}"][str(best)]:
-            tuned[t, d, a] = hp
-    del tune_data
+    for t, d in cells:
+        for a in arms_of(t, d):
+            grid = _grid(cfg, a)
+            scores = [tune_res[t, key(t, d, a), a, i, cfg.tune_seed, "val"]["bal_acc"] for i in range(len(grid))]
+            val_scores[f"{t}/{d}/{a}"] = {str(hp): sc for hp, sc in zip(grid, scores, strict=True)}
+            tuned[t, d, a] = grid[int(np.argmax(scores))]  # first of equal scores
 
-    # 2) evaluation runs on the test sets
+    # 2) evaluation runs on the test sets, at each arm's tuned configuration
+    idx = {(t, d, a): _grid(cfg, a).index(tuned[t, d, a]) for t, d in cells for a in arms_of(t, d)}
+    eval_jobs = sorted({(t, key(t, d, a), a, idx[t, d, a], s, "test") for t, d in cells for a in arms_of(t, d)
+                        for s in seeds_of[t]})
+    eval_res = _execute(cfg, eval_jobs, desc=f"{SLUG} eval")
     res: dict[tuple[str, str, str, int], dict[str, Any]] = {}
     bayes: dict[tuple[str, int], float] = {}
-    jobs2 = [(t, d, s) for t, d in cells for s in seeds_of[t]]
-    for t, d, s in progress(jobs2, desc=f"{SLUG} eval"):
-        data = _data(cfg, t, d, s)
-        if t == "gauss":
-            bayes[d, s] = data["bayes_bal_acc"]
-        for a in arms_of(t, d):
-            res[t, d, a, s] = _run_cached(cfg, data, t, a, tuned[t, d, a], s, "test", sup_cache)
-        kl_l = float(torch.sum(data["pi_u"] * torch.log(data["pi_u"] / _prior(data["n_l"]))))
-        for a in arms_of(t, d):
-            res[t, d, a, s]["kl_labeled"] = kl_l
+    for t, d in cells:
+        for s in seeds_of[t]:
+            data = _data(cfg, t, d, s)
+            if t == "gauss":
+                bayes[d, s] = data["bayes_bal_acc"]
+            kl_l = float(torch.sum(data["pi_u"] * torch.log(data["pi_u"] / _prior(data["n_l"]))))
+            for a in arms_of(t, d):
+                res[t, d, a, s] = dict(eval_res[t, key(t, d, a), a, idx[t, d, a], s, "test"], kl_labeled=kl_l)
 
     for s in cfg.seeds:
         metrics: dict[str, dict[str, Any]] = {}
