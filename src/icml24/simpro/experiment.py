@@ -70,7 +70,7 @@ class Config(ExperimentConfig):
     sup_lr_factors: tuple[float, ...] = field(default=(1.0, 0.3), metadata=help_text(
         "lr multipliers the supervised arm is tuned over (same grid size as the SSL arms)"))
     workers: int = field(default=1, metadata=help_text(
-        "processes running the independent, seeded training runs (results do not depend on it up to float nondeterminism)"))
+        "processes running the independent, seeded training runs (the numbers do not depend on it)"))
     tune_seed: int = field(default=1000, metadata=help_text("seed of the tuning draw (not an evaluation seed)"))
     # Gaussian tier
     gauss_distributions: tuple[str, ...] = field(default=DISTRIBUTIONS, metadata=help_text(
