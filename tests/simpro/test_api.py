@@ -288,3 +288,18 @@ def _train(**kw):
 def test_train_ssl_bad_input(kw, exc, match):
     with pytest.raises(exc, match=match):
         _train(**kw)
+
+
+def test_update_priors_sums_statistics_over_ranks(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        crit = SimProLoss(num_classes=3, labeled_counts=[6, 3, 1], threshold=0.5, ema_u=0.0, plus_one=False)
+        crit.pseudo_label(torch.tensor([[0.0, 0.0, 5.0], [0.0, 5.0, 0.0]]))
+        s = crit.sum_q.clone()
+        e = crit.update_priors()
+        torch.testing.assert_close(e, s / s.sum())
+        torch.testing.assert_close(crit.pi_u, e)
+    finally:
+        dist.destroy_process_group()

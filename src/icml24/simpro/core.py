@@ -234,7 +234,13 @@ class SimProLoss(nn.Module):
     @torch.no_grad()
     def update_priors(self) -> torch.Tensor:
         """Closed-form M-step for π̂_u and π̂ from this period's statistics, EMA-smoothed; resets the statistics
-        and refreshes the frozen adjustments. Returns this period's raw estimate e (before the EMA)."""
+        and refreshes the frozen adjustments. Returns this period's raw estimate e (before the EMA).
+
+        Under ``torch.distributed`` the statistics are summed over ranks first (call it on every rank)."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # every rank saw different batches: the M-step needs the global sums (the official code omits this)
+            torch.distributed.all_reduce(self.sum_q)
+            torch.distributed.all_reduce(self.count_labeled)
         s = self.sum_q.clone()
         e = s / (s.sum() + (1.0 if self.plus_one else 0.0)).clamp_min(1e-12)
         self.last_estimate.copy_(e)
