@@ -1,0 +1,12 @@
+"""One torch thread for this folder's tests (tiny tensors; extra threads only contend on a shared CPU)."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
