@@ -274,7 +274,7 @@ def test_bad_input_errors_before_compute():
     with pytest.raises(ValueError, match="hidden must be an int >= 1"):
         ElmanRNN(d=2, hidden=0)
     m = ElmanRNN(d=2, hidden=4)
-    with pytest.raises(ValueError, match="lags must be an int >= 1 <= 3"):
+    with pytest.raises(ValueError, match=r"lags must be an int in \[1, 3\]"):
         gradient_norms(m, torch.zeros(1, 5, 2), t=2, lags=4)
     with pytest.raises(ValueError, match="wrt must be one of"):
         gradient_norms(m, torch.zeros(1, 5, 2), t=2, lags=2, wrt="loss")
