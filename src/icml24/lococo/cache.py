@@ -40,12 +40,15 @@ def _require_transformers():
 
 
 def lococo_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager attention over [memory ; chunk]: memory fully visible, causal inside the chunk; returns (out, P).
 
     The HF mask is ignored (no padding support): with q queries and L keys, query i sees key j iff j ≤ L − q + i.
+    Argument order as HF's ``sdpa_attention_forward`` (kvpress's attention wrapper passes ``dropout`` by position).
     """
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
     layer = getattr(_TLS, "pending", None)
     _TLS.pending = None
     groups = query.shape[1] // key.shape[1]
@@ -272,6 +275,15 @@ class LoCoCoCache(_require_transformers().Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.layers[layer_idx].update(key_states, value_states, cache_kwargs)
+
+    def compress_now(self) -> LoCoCoCache:
+        """Compress every layer holding more than M slots to M now (single-shot use after a one-chunk prefill)."""
+        for layer in self.layers:
+            if self.policy != "full" and layer.length > self.budget:
+                if layer.awaiting_scores:
+                    raise RuntimeError(f"{OWNER}: no attention scores yet; use attn_implementation='lococo'")
+                layer._compress()
+        return self
 
 
 def make_compressors(*, num_layers: int, head_dim: int, budget: int, chunk_size: int, kernel_size: int = 21,
