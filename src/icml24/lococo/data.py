@@ -71,32 +71,42 @@ def sample_windows(docs: list[bytes], *, n: int, length: int, generator: torch.G
     return torch.stack(rows)
 
 
-def passkey_batch(*, n: int, length: int, distance: int | None, generator: torch.Generator
-                  ) -> tuple[torch.Tensor, int]:
+def passkey_batch(*, n: int, length: int, distance: int | None, generator: torch.Generator,
+                  digits: int = KEY_DIGITS) -> tuple[torch.Tensor, int]:
     """Passkey recall: filler, a needle "The pass key is 12345 ...", filler, then the question and the answer.
 
     Args:
         distance: bytes from the needle's first key digit to the answer's first digit (None: random per row).
     Returns:
-        (ids [n, length], answer_start): the answer's 5 digits occupy ``ids[:, answer_start:]``.
+        (ids [n, length], answer_start): the answer's ``digits`` digits occupy ``ids[:, answer_start:]``.
     """
     n = v.integer(OWNER, "n", n, minimum=1)
-    q_len = len(_QUESTION.format(k="0" * KEY_DIGITS))
-    ndl = len(_NEEDLE.format(k="0" * KEY_DIGITS))
+    nd = v.integer(OWNER, "digits", digits, minimum=1, maximum=16)
+    q_len = len(_QUESTION.format(k="0" * nd))
+    ndl = len(_NEEDLE.format(k="0" * nd))
     key_off = _NEEDLE.index("{k}")
-    lo, hi = ndl - key_off + q_len - KEY_DIGITS, length - key_off - KEY_DIGITS
+    lo, hi = ndl - key_off + q_len - nd, length - key_off - nd
     if distance is not None:
         v.integer(OWNER, "distance", distance, minimum=lo, maximum=hi)
     filler = _FILLER * (length // len(_FILLER) + 2)
     rows = []
     for _ in range(n):
-        key = "".join(str(int(d)) for d in torch.randint(10, (KEY_DIGITS,), generator=generator))
+        key = "".join(str(int(d)) for d in torch.randint(10, (nd,), generator=generator))
         d = distance if distance is not None else int(torch.randint(lo, hi + 1, (1,), generator=generator))
         # answer starts at length - 5; key at (answer - d); needle starts key_off earlier
-        needle_at = length - KEY_DIGITS - d - key_off
+        needle_at = length - nd - d - key_off
         gap = length - q_len - needle_at - ndl
         off = int(torch.randint(len(_FILLER), (1,), generator=generator))
         text = filler[off:off + needle_at] + _NEEDLE.format(k=key) + filler[off:off + gap] + _QUESTION.format(k=key)
         assert len(text) == length
         rows.append(torch.tensor(list(text.encode("ascii"))))
-    return torch.stack(rows), length - KEY_DIGITS
+    return torch.stack(rows), length - nd
+
+
+def repeat_batch(*, n: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """Random printable bytes repeated once (the induction/copy task): LongTensor [n, length]."""
+    n = v.integer(OWNER, "n", n, minimum=1)
+    length = v.integer(OWNER, "length", length, minimum=2)
+    half = (length + 1) // 2
+    x = torch.randint(32, 127, (n, half), generator=generator)
+    return torch.cat([x, x], 1)[:, :length]

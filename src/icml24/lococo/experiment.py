@@ -32,7 +32,7 @@ from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check, paired_check
 from icml24.common.seeding import seed_everything, torch_generator
 from icml24.lococo.cache import LoCoCoCache, make_compressors
-from icml24.lococo.data import KEY_DIGITS, passkey_batch, sample_windows, stdlib_documents
+from icml24.lococo.data import passkey_batch, sample_windows, stdlib_documents
 from icml24.lococo.model import chunked_nll, pretrain, tiny_llama, train_compressors
 
 SLUG = "lococo"
@@ -47,7 +47,7 @@ class Config(ExperimentConfig):
     num_layers: int = field(default=3, metadata=help_text("decoder layers (notes §5: 4)"))
     num_heads: int = field(default=3, metadata=help_text("attention heads, head_dim 32 (notes §5)"))
     intermediate_size: int = field(default=256, metadata=help_text("SwiGLU width (notes §5: 384)"))
-    context: int = field(default=384, metadata=help_text("T, window length in bytes (notes §5: 1024)"))
+    context: int = field(default=256, metadata=help_text("T, window length in bytes (notes §5: 1024; CPU budget)"))
     chunk: int = field(default=32, metadata=help_text("B, chunk size (notes §5: 64; repo 512)"))
     budgets: tuple[int, ...] = field(default=(32, 64), metadata=help_text("M, cache budgets (issue: {32, 64})"))
     pretrain_steps: int = field(default=500, metadata=help_text("base-model AdamW steps (notes §5: 1500)"))
@@ -55,7 +55,7 @@ class Config(ExperimentConfig):
     pretrain_lr: float = field(default=2e-3, metadata=help_text("base-model peak lr (notes §5: 1e-3)"))
     passkey_fraction: float = field(default=0.5, metadata=help_text(
         "fraction of pretraining windows that are passkey samples (ours: the base must learn retrieval)"))
-    comp_steps: int = field(default=60, metadata=help_text("compressor AdamW steps (notes §5: 300)"))
+    comp_steps: int = field(default=40, metadata=help_text("compressor AdamW steps (notes §5: 300; CPU budget)"))
     comp_batch: int = field(default=4, metadata=help_text("windows per compressor step (repo: 1 × grad-accum)"))
     comp_lr: float = field(default=5e-3, metadata=help_text("conv + λ lr (notes §5: 5e-3; repo 5e-2 for 7B)"))
     kernel_size: int = field(default=21, metadata=help_text("conv kernel (repo default 21)"))
@@ -63,8 +63,10 @@ class Config(ExperimentConfig):
     lambda_init: float = field(default=0.5, metadata=help_text("λ₀ (repo normalizer_init 0.5)"))
     n_val: int = field(default=32, metadata=help_text("validation windows for tuning the baselines' knobs"))
     n_test: int = field(default=64, metadata=help_text("test windows (the reported loss)"))
-    passkey_distances: tuple[int, ...] = field(default=(128, 224, 320), metadata=help_text(
+    passkey_distances: tuple[int, ...] = field(default=(128, 160, 224), metadata=help_text(
         "needle-to-answer distances in bytes (issue: > M + B; hundreds of tokens back)"))
+    passkey_digits: int = field(default=1, metadata=help_text(
+        "digits of the passkey (ours: 1, so a 300-step byte-level base learns retrieval; chance 0.1)"))
     passkey_n: int = field(default=40, metadata=help_text("passkey samples per distance"))
     sink_grid: tuple[int, ...] = field(default=(0, 4, 8), metadata=help_text("StreamingLLM n_sink grid"))
     recent_grid: tuple[float, ...] = field(default=(0.0, 0.25, 0.5), metadata=help_text(
@@ -74,7 +76,7 @@ class Config(ExperimentConfig):
         super().__post_init__()
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "context", "chunk",
                      "pretrain_steps", "pretrain_batch", "comp_steps", "comp_batch", "n_val", "n_test",
-                     "passkey_n", "kernel_size"):
+                     "passkey_n", "kernel_size", "passkey_digits"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
@@ -132,7 +134,7 @@ def window_losses(model, ids: torch.Tensor, *, chunk: int, cache_kwargs: dict | 
 
 @torch.no_grad()
 def passkey_accuracy(model, ids: torch.Tensor, answer: int, *, chunk: int, cache_kwargs: dict | None) -> float:
-    """Fraction of samples whose 5 answer digits are all the argmax of the chunked forward."""
+    """Fraction of samples whose answer digits are all the argmax of the chunked forward."""
     T = ids.shape[1]
     make = None if cache_kwargs is None else (lambda: LoCoCoCache.from_model(model, **cache_kwargs))
     cache = make() if make else None
@@ -151,9 +153,41 @@ def _batches(cfg: Config, docs: list[bytes], *, n: int, passkey: float, seed: in
         k = int(round(n * passkey))
         parts = [sample_windows(docs, n=n - k, length=cfg.context, generator=g)] if n - k else []
         if k:
-            parts.append(passkey_batch(n=k, length=cfg.context, distance=None, generator=g)[0])
+            parts.append(passkey_batch(n=k, length=cfg.context, distance=None, generator=g,
+                                       digits=cfg.passkey_digits)[0])
         x = torch.cat(parts)
         yield x[torch.randperm(n, generator=g)]
+
+
+def single_shot(cfg: Config, model, test: torch.Tensor, results: dict, head_dim: int) -> dict[str, Any]:
+    """Run :mod:`icml24.lococo.kvpress_baselines` in a subprocess; the prefix is the first half of each window."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    if importlib.util.find_spec("kvpress") is None:
+        return {"skipped": "kvpress not installed (pip install 'icml24[kv]')"}
+    with tempfile.TemporaryDirectory() as tmp:
+        job = {"model_kwargs": {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
+                                "num_heads": cfg.num_heads, "intermediate_size": cfg.intermediate_size},
+               "state": {k: t.detach().cpu() for k, t in model.state_dict().items()},
+               "ids": test.cpu(), "prefix": cfg.context // 2,
+               "compressors": {M: results[M]["states"] for M in cfg.budgets},
+               "ours": {M: {p: results[M]["tuned"][p] for p in BASELINES} for M in cfg.budgets},
+               "comp_kwargs": {"num_layers": cfg.num_layers, "head_dim": head_dim, "chunk_size": cfg.chunk,
+                               "kernel_size": cfg.kernel_size, "hh_keep_rate": cfg.hh_keep_rate}}
+        torch.save(job, Path(tmp) / "job.pt")
+        src = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        out = subprocess.run([sys.executable, "-m", "icml24.lococo.kvpress_baselines", "--job",
+                              str(Path(tmp) / "job.pt"), "--out", str(Path(tmp) / "out.json")],
+                             capture_output=True, text=True, env=env, timeout=1800)
+        if out.returncode != 0:
+            return {"error": out.stderr[-2000:]}
+        return json.loads((Path(tmp) / "out.json").read_text())
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -172,8 +206,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                                           seed=0), steps=cfg.pretrain_steps, lr=cfg.pretrain_lr)
     val = sample_windows(docs["val"], n=cfg.n_val, length=cfg.context, generator=torch_generator(1))
     test = sample_windows(docs["test"], n=cfg.n_test, length=cfg.context, generator=torch_generator(2))
-    keys = {d: passkey_batch(n=cfg.passkey_n, length=cfg.context, distance=d, generator=torch_generator(3 + i))
-            for i, d in enumerate(cfg.passkey_distances)}
+    keys = {d: passkey_batch(n=cfg.passkey_n, length=cfg.context, distance=d, generator=torch_generator(3 + i),
+                             digits=cfg.passkey_digits) for i, d in enumerate(cfg.passkey_distances)}
 
     full_test = window_losses(model, test, chunk=B, cache_kwargs={"policy": "full"})
     full_pk = {d: passkey_accuracy(model, *keys[d], chunk=B, cache_kwargs={"policy": "full"})
@@ -218,11 +252,15 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                                       steps=cfg.comp_steps, chunk_size=B, lr=cfg.comp_lr,
                                       cache_kwargs={"budget": M}, desc=f"{SLUG} compressor M={M} seed={s}")
             r["train_curves"][s] = curve
+            r.setdefault("states", []).append({k: t.detach().cpu().clone() for k, t in comps.state_dict().items()})
             r["lambda"][s] = [float(c.lam) for c in comps]
             r["test"][f"lococo/{s}"] = window_losses(model, test, chunk=B, cache_kwargs=ck)
             r["passkey"][f"lococo/{s}"] = {d: passkey_accuracy(model, *keys[d], chunk=B, cache_kwargs=ck)
                                            for d in cfg.passkey_distances}
         results[M] = r
+
+    # 5) single shot through the same DynamicCache path: kvpress presses vs ours (a subprocess: kvpress patches HF)
+    single = single_shot(cfg, model, test, results, head_dim)
 
     # per-seed metrics
     for s in cfg.seeds:
@@ -334,6 +372,6 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                            "lambda_trained": results[M]["lambda"],
                            "test_loss": {k: float(v.mean()) for k, v in results[M]["test"].items()},
                            "passkey": results[M]["passkey"]} for M in cfg.budgets},
-        "key_digits": KEY_DIGITS,
+        "single_shot": single,
     }
     return rec.finish(checks, artifacts=artifacts, extra=extra)
