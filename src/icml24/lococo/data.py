@@ -110,3 +110,25 @@ def repeat_batch(*, n: int, length: int, generator: torch.Generator) -> torch.Te
     half = (length + 1) // 2
     x = torch.randint(32, 127, (n, half), generator=generator)
     return torch.cat([x, x], 1)[:, :length]
+
+
+def packed_passkey_rows(*, n: int, length: int, generator: torch.Generator, digits: int = KEY_DIGITS,
+                        min_piece: int = 96) -> torch.Tensor:
+    """Training rows of ``length`` bytes packed with passkey samples of random lengths in [min_piece, length].
+
+    Short pieces give the retrieval head a strong gradient early (a curriculum inside every row); each piece has
+    its own key, so the rule learned is "the key of the latest needle".
+    """
+    n = v.integer(OWNER, "n", n, minimum=1)
+    rows = []
+    for _ in range(n):
+        parts, left = [], length
+        while left > 0:
+            if left < 2 * min_piece:
+                piece = left
+            else:
+                piece = int(torch.randint(min_piece, left - min_piece + 1, (1,), generator=generator))
+            parts.append(passkey_batch(n=1, length=piece, distance=None, generator=generator, digits=digits)[0][0])
+            left -= piece
+        rows.append(torch.cat(parts))
+    return torch.stack(rows)

@@ -32,7 +32,7 @@ from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check, paired_check
 from icml24.common.seeding import seed_everything, torch_generator
 from icml24.lococo.cache import LoCoCoCache, make_compressors
-from icml24.lococo.data import passkey_batch, sample_windows, stdlib_documents
+from icml24.lococo.data import packed_passkey_rows, passkey_batch, sample_windows, stdlib_documents
 from icml24.lococo.model import chunked_nll, pretrain, tiny_llama, train_compressors
 
 SLUG = "lococo"
@@ -50,11 +50,12 @@ class Config(ExperimentConfig):
     context: int = field(default=256, metadata=help_text("T, window length in bytes (notes §5: 1024; CPU budget)"))
     chunk: int = field(default=32, metadata=help_text("B, chunk size (notes §5: 64; repo 512)"))
     budgets: tuple[int, ...] = field(default=(32, 64), metadata=help_text("M, cache budgets (issue: {32, 64})"))
-    pretrain_steps: int = field(default=500, metadata=help_text("base-model AdamW steps (notes §5: 1500)"))
+    pretrain_steps: int = field(default=800, metadata=help_text("base-model AdamW steps (notes §5: 1500)"))
     pretrain_batch: int = field(default=8, metadata=help_text("windows per pretraining step (notes §5: 16)"))
-    pretrain_lr: float = field(default=2e-3, metadata=help_text("base-model peak lr (notes §5: 1e-3)"))
+    pretrain_lr: float = field(default=3e-3, metadata=help_text("base-model peak lr (notes §5: 1e-3)"))
     passkey_fraction: float = field(default=0.5, metadata=help_text(
-        "fraction of pretraining windows that are passkey samples (ours: the base must learn retrieval)"))
+        "fraction of training rows packed with passkey samples of random length (ours: the base must learn "
+        "retrieval)"))
     comp_steps: int = field(default=40, metadata=help_text("compressor AdamW steps (notes §5: 300; CPU budget)"))
     comp_batch: int = field(default=4, metadata=help_text("windows per compressor step (repo: 1 × grad-accum)"))
     comp_lr: float = field(default=5e-3, metadata=help_text("conv + λ lr (notes §5: 5e-3; repo 5e-2 for 7B)"))
@@ -153,8 +154,7 @@ def _batches(cfg: Config, docs: list[bytes], *, n: int, passkey: float, seed: in
         k = int(round(n * passkey))
         parts = [sample_windows(docs, n=n - k, length=cfg.context, generator=g)] if n - k else []
         if k:
-            parts.append(passkey_batch(n=k, length=cfg.context, distance=None, generator=g,
-                                       digits=cfg.passkey_digits)[0])
+            parts.append(packed_passkey_rows(n=k, length=cfg.context, generator=g, digits=cfg.passkey_digits))
         x = torch.cat(parts)
         yield x[torch.randperm(n, generator=g)]
 

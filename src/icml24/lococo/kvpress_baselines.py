@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     model.eval()
     ids, prefix = job["ids"], job["prefix"]
     res: dict[str, Any] = {"full": float(single_shot_losses(model, ids, prefix=prefix, method="full",
-                                                            budget=2).mean())}
+                                                            budget=prefix).mean())}
     for M, comp_states in job["compressors"].items():
         r: dict[str, Any] = {}
         for name in PRESSES:
