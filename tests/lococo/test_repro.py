@@ -27,6 +27,12 @@ def test_quick_run_writes_a_complete_result(quick):
     kinds = [c.kind for c in res.claim_checks]
     assert kinds.count("claim") == len(cfg.budgets) and "sanity" in kinds and "mechanism" in kinds
     assert all(c.ci_low is not None for c in res.claim_checks if c.kind == "claim")
+    ss = res.extra["single_shot"]  # kvpress presses + ours through one DynamicCache path, in a subprocess
+    assert "error" not in ss
+    if "skipped" not in ss:
+        for M in cfg.budgets:
+            assert all(isinstance(ss[str(M)][p], float) for p in ("StreamingLLMPress", "SnapKVPress", "TOVAPress"))
+            assert len(ss[str(M)]["lococo"]) == len(cfg.seeds)
 
 
 def test_quick_run_tunes_every_baseline_on_validation_and_bounds_losses(quick):

@@ -84,7 +84,7 @@ def pretrain(model: nn.Module, batches: Iterator[torch.Tensor], *, steps: int, l
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     model.eval()
     model.set_attn_implementation(impl)
     return losses
