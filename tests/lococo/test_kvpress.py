@@ -67,6 +67,12 @@ SCRIPT = textwrap.dedent('''
     ref = torch.nn.functional.cross_entropy(model(input_ids=ids).logits[:, 29:-1].reshape(-1, 256),
                                             ids[:, 30:].reshape(-1), reduction="none").view(2, -1).mean(1)
     torch.testing.assert_close(full, ref.to(full.dtype), rtol=0, atol=1e-6)
+    # a press that keeps everything gives the full-cache loss (positions continue after a pruned prefix)
+    keep_all = single_shot_losses(model, ids, prefix=30, method="KnormPress", budget=29)
+    stream = single_shot_losses(model, ids, prefix=30, method="streaming", budget=M, knobs={"n_sink": 4})
+    press = single_shot_losses(model, ids, prefix=30, method="StreamingLLMPress", budget=M, knobs={"n_sink": 4})
+    torch.testing.assert_close(stream, press, rtol=0, atol=1e-6)
+    assert (keep_all - full).abs().max() < 0.05
     print("OK", same)
 ''')
 

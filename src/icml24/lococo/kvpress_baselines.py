@@ -84,7 +84,10 @@ def single_shot_losses(model, ids: torch.Tensor, *, prefix: int, method: str, bu
         cache = LoCoCoCache.from_model(model, policy=pol, budget=budget, compressors=compressors, **knobs)
         prev_logits = model(input_ids=head, past_key_values=cache, use_cache=True).logits[:, -1:]
         cache.compress_now()
-    logits = torch.cat([prev_logits, model(input_ids=rest[:, :-1], past_key_values=cache, use_cache=True).logits], 1)
+    # explicit positions: a pruned DynamicCache reports its physical length, not the tokens seen
+    pos = torch.arange(prefix, ids.shape[1] - 1, device=ids.device)
+    logits = torch.cat([prev_logits, model(input_ids=rest[:, :-1], past_key_values=cache, use_cache=True,
+                                           position_ids=pos[None], cache_position=pos).logits], 1)
     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), rest.reshape(-1), reduction="none")
     return nll.view(rest.shape).mean(1)
 
