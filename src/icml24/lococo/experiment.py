@@ -29,7 +29,7 @@ import torch
 from icml24.common.config import ExperimentConfig, help_text
 from icml24.common.plotting import band, new_figure, save_figure
 from icml24.common.progress import progress
-from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check, paired_check
+from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check
 from icml24.common.seeding import seed_everything, torch_generator
 from icml24.lococo.cache import LoCoCoCache, make_compressors
 from icml24.lococo.data import packed_passkey_rows, passkey_batch, sample_windows, stdlib_documents
