@@ -253,7 +253,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                                       cache_kwargs={"budget": M}, desc=f"{SLUG} compressor M={M} seed={s}")
             r["train_curves"][s] = curve
             r.setdefault("states", []).append({k: t.detach().cpu().clone() for k, t in comps.state_dict().items()})
-            r["lambda"][s] = [float(c.lam) for c in comps]
+            r["lambda"][s] = [float(c.lam.detach()) for c in comps]
             r["test"][f"lococo/{s}"] = window_losses(model, test, chunk=B, cache_kwargs=ck)
             r["passkey"][f"lococo/{s}"] = {d: passkey_accuracy(model, *keys[d], chunk=B, cache_kwargs=ck)
                                            for d in cfg.passkey_distances}
