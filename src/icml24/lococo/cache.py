@@ -51,6 +51,8 @@ def lococo_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
         scaling = query.shape[-1] ** -0.5
     layer = getattr(_TLS, "pending", None)
     _TLS.pending = None
+    if layer is not None and (layer.layer_idx != getattr(module, "layer_idx", None) or layer.length != key.shape[2]):
+        layer = None  # stale: left by a cache whose model did not use this attention
     groups = query.shape[1] // key.shape[1]
     k = key.repeat_interleave(groups, dim=1) if groups > 1 else key
     vv = value.repeat_interleave(groups, dim=1) if groups > 1 else value
