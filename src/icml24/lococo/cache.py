@@ -1,0 +1,306 @@
+"""A fixed-budget KV cache for Hugging Face transformers models: LoCoCo and the streaming eviction baselines.
+
+``LoCoCoCache`` is a ``transformers.Cache`` subclass (one ``BudgetLayer`` per decoder layer). It needs the
+attention probabilities of every chunk (heavy-hitter scores s = Σ_queries P), which HF's SDPA/flash kernels never
+return, so the model must use the ``"lococo"`` attention implementation registered here (``AttentionInterface``):
+eager attention with the memory fully visible and causal masking inside the chunk, that hands P to the cache.
+
+Per layer and chunk (the repo's one-chunk-lag semantics, ``lag=True``):
+
+    (K_m, V_m) = compress([memory ; previous chunk])  if its length > M + buffer  else unchanged
+    attend over [K_m ; K_new]  (K_new rotated with RoPE at absolute positions, never reset)
+    store detach([K_m ; K_new]),  s = Σ_queries P  (per KV head)
+
+so the stored cache holds ≤ M + chunk (+ buffer) entries after every chunk and the compressor gets gradient only
+through the current chunk's attention. ``lag=False`` compresses right after the chunk instead (≤ M at rest).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch import nn
+
+from icml24.common import validate as v
+from icml24.lococo.compressor import OWNER, LoCoCoCompressor, h2o_keep, streaming_keep, tova_keep
+
+POLICIES = ("full", "lococo", "streaming", "h2o", "tova")
+ATTN_IMPLEMENTATION = "lococo"
+_TLS = threading.local()
+
+
+def _require_transformers():
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - the hf extra is installed in the test env
+        raise ImportError("icml24.lococo needs transformers: pip install 'icml24[hf]'") from e
+    return transformers
+
+
+def lococo_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention over [memory ; chunk]: memory fully visible, causal inside the chunk; returns (out, P).
+
+    The HF mask is ignored (no padding support): with q queries and L keys, query i sees key j iff j ≤ L − q + i.
+    Argument order as HF's ``sdpa_attention_forward`` (kvpress's attention wrapper passes ``dropout`` by position).
+    """
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    layer = getattr(_TLS, "pending", None)
+    _TLS.pending = None
+    if layer is not None and (layer.layer_idx != getattr(module, "layer_idx", None) or layer.length != key.shape[2]):
+        layer = None  # stale: left by a cache whose model did not use this attention
+    groups = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(groups, dim=1) if groups > 1 else key
+    vv = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    q_len, L = query.shape[2], k.shape[2]
+    logits = torch.matmul(query, k.transpose(2, 3)) * scaling
+    i = torch.arange(q_len, device=query.device).unsqueeze(1)
+    j = torch.arange(L, device=query.device).unsqueeze(0)
+    logits = logits.masked_fill(j > (L - q_len) + i, float("-inf"))
+    P = torch.softmax(logits, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
+    P = nn.functional.dropout(P, p=dropout, training=module.training)
+    out = torch.matmul(P, vv).transpose(1, 2).contiguous()
+    if layer is not None:
+        layer.observe(P.detach())
+    return out, P
+
+
+def register_lococo_attention() -> str:
+    """Register ``"lococo"`` in transformers' ``AttentionInterface`` (idempotent); returns the name."""
+    tf = _require_transformers()
+    tf.AttentionInterface.register(ATTN_IMPLEMENTATION, lococo_attention)
+    return ATTN_IMPLEMENTATION
+
+
+def use_lococo_attention(model: nn.Module) -> nn.Module:
+    """Switch a transformers model to the score-returning ``"lococo"`` attention (in place); returns it."""
+    register_lococo_attention()
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    return model
+
+
+def _cache_layer_base():
+    return _require_transformers().cache_utils.CacheLayerMixin
+
+
+class BudgetLayer(_cache_layer_base()):
+    """One decoder layer's fixed-budget cache; ``pos`` holds each slot's absolute position (−1: fused slot)."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, owner: LoCoCoCache, layer_idx: int) -> None:
+        super().__init__()
+        self.owner, self.layer_idx = owner, layer_idx
+        self.pos: torch.Tensor | None = None
+        self.scores: torch.Tensor | None = None  # Σ_queries P of the last chunk, [b, h_kv, L]
+        self.acc_scores: torch.Tensor | None = None  # accumulated over all chunks (original H2O)
+        self.last_query: torch.Tensor | None = None  # P of the last query, [b, h_kv, L]
+        self.awaiting_scores = False
+        self.seen = 0
+        self.n_compressions = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self.seen  # tokens seen (positions never reset), not the number of stored slots
+
+    def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
+        return self.length + cache_position.shape[0], 0
+
+    def get_max_cache_shape(self) -> int:
+        return -1
+
+    @property
+    def length(self) -> int:
+        """Number of stored slots."""
+        return 0 if self.keys is None else int(self.keys.shape[-2])
+
+    def _gather(self, idx: torch.Tensor) -> None:
+        g = lambda t: t.gather(2, idx.unsqueeze(-1).expand(*idx.shape, t.shape[-1]))  # noqa: E731
+        self.keys, self.values, self.pos = g(self.keys), g(self.values), self.pos.gather(2, idx)
+        if self.acc_scores is not None:
+            self.acc_scores = self.acc_scores.gather(2, idx)
+
+    def _compress(self) -> None:
+        o = self.owner
+        b, h, L, _ = self.keys.shape
+        if o.policy == "streaming":
+            idx = streaming_keep(L, o.budget, o.n_sink).to(self.keys.device).expand(b, h, -1)
+        elif o.policy == "h2o":
+            idx = h2o_keep(self.acc_scores if o.accumulate_scores else self.scores, o.budget, o.recent)
+        elif o.policy == "tova":
+            idx = tova_keep(self.last_query, o.budget, o.tova_per_head)
+        else:  # lococo
+            k, vv, hidx = o.compressors[self.layer_idx](self.keys, self.values, self.scores)
+            pos = torch.where(hidx >= 0, self.pos.gather(2, hidx.clamp_min(0)), torch.full_like(hidx, -1))
+            self.keys, self.values, self.pos = k, vv, pos
+            self.n_compressions += 1
+            return
+        self._gather(idx.contiguous())
+        self.n_compressions += 1
+
+    def _over_budget(self) -> bool:
+        o = self.owner
+        return o.policy != "full" and self.length > o.budget + o.buffer
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
+               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        o = self.owner
+        if key_states.shape[-1] != o.head_dim or key_states.shape[1] != o.num_kv_heads:
+            raise ValueError(f"{OWNER}: the model's KV heads are {tuple(key_states.shape[1::2])} (heads, head_dim) "
+                             f"but the cache was built for ({o.num_kv_heads}, {o.head_dim})")
+        if self.awaiting_scores:
+            raise RuntimeError(f"{OWNER}: layer {self.layer_idx} got no attention scores for the last chunk; the model "
+                               "must use attn_implementation='lococo' (icml24.lococo.use_lococo_attention(model)), "
+                               "since sdpa/flash attention cannot return them")
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        b, h, q, _ = key_states.shape
+        cp = (cache_kwargs or {}).get("cache_position")
+        new_pos = (cp.to(key_states.device).long() if cp is not None
+                   else torch.arange(self.seen, self.seen + q, device=key_states.device))
+        new_pos = new_pos.view(1, 1, q).expand(b, h, q)
+        if self.keys is not None and o.lag and self._over_budget():
+            self._compress()
+        if self.keys is None:
+            K, V, P = key_states, value_states, new_pos
+        else:
+            K = torch.cat([self.keys, key_states], dim=-2)
+            V = torch.cat([self.values, value_states], dim=-2)
+            P = torch.cat([self.pos, new_pos], dim=-1)
+        self.keys, self.values, self.pos = K.detach(), V.detach(), P
+        if self.acc_scores is not None:
+            self.acc_scores = torch.cat([self.acc_scores, self.acc_scores.new_zeros(b, h, q)], dim=-1)
+        self.seen += q
+        if o.needs_scores:
+            self.awaiting_scores = True
+            _TLS.pending = self
+        return K, V
+
+    def observe(self, probs: torch.Tensor) -> None:
+        """Receive the chunk's attention probabilities P ∈ R^{b×h_q×q×L} (query heads grouped onto KV heads)."""
+        b, hq, _, L = probs.shape
+        h = self.keys.shape[1]
+        p = probs.float().reshape(b, h, hq // h, probs.shape[2], L)
+        s = p.sum(dim=(2, 3))
+        self.scores = s
+        self.last_query = p[:, :, :, -1, :].mean(dim=2)
+        if self.owner.accumulate_scores:
+            self.acc_scores = s if self.acc_scores is None else self.acc_scores + s
+        self.awaiting_scores = False
+        if not self.owner.lag and self._over_budget():
+            self._compress()  # the fused slots stay live: the next chunk's loss reaches the conv
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError(f"{OWNER}: beam search is not supported by LoCoCoCache")
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError(f"{OWNER}: LoCoCoCache cannot be cropped (compressed slots have no position)")
+
+
+class LoCoCoCache(_require_transformers().Cache):
+    """Fixed-budget KV cache (``transformers.Cache``) for chunked prefill, training and ``generate()``.
+
+    Args:
+        num_layers: decoder layers of the model.
+        num_kv_heads: KV heads per layer.
+        head_dim: d.
+        policy: ``"lococo"`` (conv fusion), ``"streaming"`` (StreamingLLM), ``"h2o"``, ``"tova"`` or ``"full"``.
+        budget: M, the memory slots kept per layer and head.
+        compressors: one :class:`LoCoCoCompressor` per layer (policy ``"lococo"``).
+        buffer: compress only when the cache exceeds M + buffer (repo: 16; ours 0).
+        lag: True: compress [memory ; previous chunk] when the next chunk arrives (repo); False: right after.
+        n_sink: StreamingLLM sink tokens (the rest of the budget is the recent window).
+        recent: H2O's recent window (the rest of the budget goes to heavy hitters).
+        accumulate_scores: H2O scores summed over all chunks (original H2O) instead of the last chunk (repo).
+        tova_per_head: TOVA per head instead of head-averaged (original).
+    """
+
+    def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, policy: str = "lococo",
+                 budget: int = 64, compressors: nn.ModuleList | list[LoCoCoCompressor] | None = None,
+                 buffer: int = 0, lag: bool = True, n_sink: int = 4, recent: int = 0,
+                 accumulate_scores: bool = False, tova_per_head: bool = False) -> None:
+        self.policy = v.one_of(OWNER, "policy", policy, POLICIES)
+        n_layers = v.integer(OWNER, "num_layers", num_layers, minimum=1)
+        self.num_kv_heads = v.integer(OWNER, "num_kv_heads", num_kv_heads, minimum=1)
+        self.head_dim = v.integer(OWNER, "head_dim", head_dim, minimum=1)
+        self.budget = v.integer(OWNER, "budget", budget, minimum=2)
+        self.buffer = v.integer(OWNER, "buffer", buffer, minimum=0)
+        self.lag = bool(lag)
+        self.n_sink = v.integer(OWNER, "n_sink", n_sink, minimum=0, maximum=self.budget)
+        self.recent = v.integer(OWNER, "recent", recent, minimum=0, maximum=self.budget)
+        self.accumulate_scores, self.tova_per_head = bool(accumulate_scores), bool(tova_per_head)
+        self.compressors = compressors
+        if policy == "lococo":
+            if compressors is None or len(compressors) != n_layers:
+                raise ValueError(f"{OWNER}: policy='lococo' needs one compressor per layer ({n_layers}), got "
+                                 f"{None if compressors is None else len(compressors)}")
+            for c in compressors:
+                if c.head_dim != self.head_dim:
+                    raise ValueError(f"{OWNER}: compressor head_dim={c.head_dim} does not match the model's "
+                                     f"head_dim={self.head_dim}")
+                if c.budget != self.budget:
+                    raise ValueError(f"{OWNER}: compressor budget={c.budget} does not match budget={self.budget}")
+        self.needs_scores = policy in ("lococo", "h2o", "tova")
+        super().__init__(layers=[BudgetLayer(self, i) for i in range(n_layers)])
+
+    @classmethod
+    def from_model(cls, model: nn.Module, **kwargs: Any) -> LoCoCoCache:
+        """A cache sized for ``model`` (a transformers decoder); checks its attention implementation first."""
+        cfg = model.config
+        impl = getattr(cfg, "_attn_implementation", None)
+        policy = kwargs.get("policy", "lococo")
+        if policy in ("lococo", "h2o", "tova") and impl != ATTN_IMPLEMENTATION:
+            raise ValueError(f"{OWNER}: policy {policy!r} needs attention scores but the model uses "
+                             f"attn_implementation={impl!r}, which cannot return them; call "
+                             "icml24.lococo.use_lococo_attention(model) (attn_implementation='lococo')")
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        return cls(num_layers=cfg.num_hidden_layers, num_kv_heads=kv, head_dim=head_dim, **kwargs)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Stored slots per layer."""
+        return [layer.length for layer in self.layers]
+
+    def positions(self, layer_idx: int = 0) -> torch.Tensor:
+        """Absolute position of every stored slot of a layer, [b, h, L] (−1 for fused slots)."""
+        return self.layers[layer_idx].pos
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layers[layer_idx].update(key_states, value_states, cache_kwargs)
+
+    def compress_now(self) -> LoCoCoCache:
+        """Compress every layer holding more than M slots to M now (single-shot use after a one-chunk prefill)."""
+        for layer in self.layers:
+            if self.policy != "full" and layer.length > self.budget:
+                if layer.awaiting_scores:
+                    raise RuntimeError(f"{OWNER}: no attention scores yet; use attn_implementation='lococo'")
+                layer._compress()
+        return self
+
+
+def make_compressors(*, num_layers: int, head_dim: int, budget: int, chunk_size: int, kernel_size: int = 21,
+                     hh_keep_rate: float = 0.5, lambda_init: float = 0.5, bounded_lambda: bool = True,
+                     learn_lambda: bool = True, n_conv_layers: int = 1, seed: int | None = None
+                     ) -> nn.ModuleList:
+    """One :class:`LoCoCoCompressor` per layer; the kernel is checked against the fused window m_c + chunk."""
+    n = v.integer(OWNER, "num_layers", num_layers, minimum=1)
+    B = v.integer(OWNER, "chunk_size", chunk_size, minimum=1)
+    from icml24.lococo.compressor import check_budget
+
+    _, m_c = check_budget(budget, hh_keep_rate)
+    if seed is not None:
+        torch.manual_seed(seed)
+    return nn.ModuleList([LoCoCoCompressor(head_dim=head_dim, budget=budget, kernel_size=kernel_size,
+                                           hh_keep_rate=hh_keep_rate, lambda_init=lambda_init,
+                                           bounded_lambda=bounded_lambda, learn_lambda=learn_lambda,
+                                           n_conv_layers=n_conv_layers, max_window=m_c + B) for _ in range(n)])
