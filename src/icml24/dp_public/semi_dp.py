@@ -9,8 +9,14 @@ One step mixes a DP-SGD gradient of a Poisson-sampled private batch with a publi
     g_pub  = (1/|B_pub|) Σ_{i in B_pub} clip_C(∇ℓ(w; x_i))                     (clipping optional)
     w     <- w − η (β g_priv + (1 − β) g_pub).
 
-Only the private batches touch the privacy accountant (Opacus RDP/PRV/GDP accountant, extra ``dp``).
+Only the private batches touch the privacy accountant (Opacus RDP/PRV accountant, extra ``dp``).
 Per-sample gradients come from ``torch.func`` (vmap of grad).
+
+Neighbouring relation: add/remove one private record (Poisson subsampling, as Opacus accounts it); the mean
+estimators of :mod:`icml24.dp_public.mean_estimation` use replace-one instead. No exception depends on a
+private value: non-finite private inputs/targets are set to 0 and a private per-sample gradient with a
+non-finite entry is replaced by the zero gradient (both fixed rules applied to every record), so the
+clipped contribution of each record still has norm <= C.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from icml24.common import validate as v
 __all__ = [
     "per_sample_grads",
     "clip_and_sum",
+    "sanitize_grad_samples",
     "SemiDPSGD",
     "make_public_only_sgd",
     "make_dp_sgd",
@@ -108,6 +115,28 @@ def clip_and_sum(grad_samples: Sequence[torch.Tensor], *, max_grad_norm: float) 
     return [torch.einsum("i,i...", factor.to(g.dtype), g) for g in grad_samples]
 
 
+def sanitize_grad_samples(grad_samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-sample gradients with every sample that has a non-finite entry (in any parameter) replaced by zeros.
+
+    The rule applied to private per-sample gradients before clipping (no exception on a private value); it acts
+    on each sample separately, so it keeps the per-record sensitivity of the clipped sum.
+
+    Args:
+        grad_samples: one (B, *p.shape) tensor per parameter.
+    """
+    b = grad_samples[0].shape[0]
+    if b == 0:
+        return list(grad_samples)
+    ok = torch.ones(b, dtype=torch.bool, device=grad_samples[0].device)
+    for g in grad_samples:
+        ok &= torch.isfinite(g.reshape(b, -1)).all(dim=1)
+    out = []
+    for g in grad_samples:
+        mask = ok.reshape((b,) + (1,) * (g.dim() - 1))
+        out.append(torch.where(mask, g, torch.zeros((), dtype=g.dtype, device=g.device)))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ optimizer
 class SemiDPSGD(torch.optim.Optimizer):
     """Semi-DP SGD (Lowy et al. 2024, Alg. 1 of the official code): w <- w − η (β g_priv + (1 − β) g_pub).
@@ -172,7 +201,8 @@ class SemiDPSGD(torch.optim.Optimizer):
     def params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"]]
 
-    def _check_grads(self, gs: Sequence[torch.Tensor], name: str) -> int:
+    def _check_grads(self, gs: Sequence[torch.Tensor], name: str, *, private: bool = False) -> int:
+        """Shapes always; values (NaN/inf) only for public gradients (a private value must never raise)."""
         ps = self.params
         if len(gs) != len(ps):
             raise ValueError(f"SemiDPSGD.step: {name} has {len(gs)} tensors but the optimizer has {len(ps)} "
@@ -182,12 +212,18 @@ class SemiDPSGD(torch.optim.Optimizer):
             if tuple(g.shape[1:]) != tuple(p.shape) or g.shape[0] != b:
                 raise ValueError(f"SemiDPSGD.step: {name}[{i}] must have shape (B, *{tuple(p.shape)}) with a "
                                  f"common B, got {tuple(g.shape)}")
-            if not torch.isfinite(g).all():
+            if not private and not torch.isfinite(g).all():
                 raise ValueError(f"SemiDPSGD.step: {name}[{i}] contains NaN or inf")
         return b
 
     def private_gradient(self, private_grad_samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """g_priv = (Σ clip_C(g_i) + N(0, σ² C² I)) / b: clip, noise (one draw per parameter, in order), scale."""
+        """g_priv = (Σ clip_C(s(g_i)) + N(0, σ² C² I)) / b: clip, noise (one draw per parameter, in order), scale.
+
+        s(g_i) is the fixed rule applied to every private sample: g_i itself when all its entries (across all
+        parameters) are finite, the zero gradient otherwise. A record's contribution has norm <= C either way,
+        so the add/remove sensitivity C of the clipped sum holds for any private data.
+        """
+        private_grad_samples = sanitize_grad_samples(private_grad_samples)
         summed = clip_and_sum(private_grad_samples, max_grad_norm=self.max_grad_norm)
         std = self.noise_multiplier * self.max_grad_norm
         out = []
@@ -219,7 +255,7 @@ class SemiDPSGD(torch.optim.Optimizer):
         if private_grad_samples is None and public_grad_samples is None:
             raise ValueError("SemiDPSGD.step: pass private_grad_samples, public_grad_samples or both")
         if private_grad_samples is not None:
-            self._check_grads(private_grad_samples, "private_grad_samples")
+            self._check_grads(private_grad_samples, "private_grad_samples", private=True)
         if public_grad_samples is not None:
             self._check_grads(public_grad_samples, "public_grad_samples")
         g_priv = self.private_gradient(private_grad_samples) if private_grad_samples is not None else None
@@ -412,9 +448,12 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
     data: the public data treated as private). σ is calibrated with :func:`noise_multiplier_for` for
     (ε, δ, q = b/n, T = ``steps``).
 
-    Privacy: ``semi_dp`` and ``dp_sgd_all`` are (ε, δ)-DP w.r.t. the private data (semi-DP) under the
-    preconditions of :class:`SemiDPSGD` (per-example losses, Poisson sampling, fixed σ, C, q); ``public_only``
-    does not touch it. Hyper-parameter selection on data is not accounted for.
+    Privacy: ``semi_dp`` and ``dp_sgd_all`` are (ε, δ)-DP w.r.t. the private data (semi-DP, add/remove
+    neighbours) under the preconditions of :class:`SemiDPSGD` (per-example losses, Poisson sampling, fixed
+    σ, C, q); ``public_only`` does not touch it. Hyper-parameter selection on data is not accounted for.
+    Private values never raise: non-finite entries of floating ``x_priv``/``y_priv`` are set to 0 (a fixed
+    rule on every entry) and non-finite private per-sample gradients to 0 (:func:`sanitize_grad_samples`);
+    public data with NaN/inf is refused.
 
     Args:
         model: network on the device of the data; trained in place.
@@ -440,6 +479,7 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
     v.integer(where, "steps", steps, minimum=1)
     for name, t in (("x_priv", x_priv), ("y_priv", y_priv), ("x_pub", x_pub), ("y_pub", y_pub)):
         v.tensor(where, name, t)
+    for name, t in (("x_pub", x_pub), ("y_pub", y_pub)):  # public: a value check is allowed
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise ValueError(f"{where}: {name} contains NaN or inf")
     if x_pub.shape[1:] != x_priv.shape[1:]:
@@ -451,6 +491,9 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
         raise ValueError(f"{where}: public and private data must be non-empty")
     if public_batch_size is not None:
         v.integer(where, "public_batch_size", public_batch_size, minimum=1)
+    # private data: a fixed rule on every entry instead of an exception (non-finite -> 0)
+    x_priv, y_priv = (torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) if t.is_floating_point() else t
+                      for t in (x_priv, y_priv))
 
     params = [p for p in model.parameters() if p.requires_grad]
     n_pub = len(x_pub)
