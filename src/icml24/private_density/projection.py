@@ -32,6 +32,7 @@ __all__ = [
     "trig_basis",
     "trig_basis_1d",
     "empirical_coefficients",
+    "clip_to_cube",
     "l2_sensitivity",
     "l1_sensitivity",
     "noise_variance",
@@ -175,7 +176,24 @@ def _check_index_set(index_set: object, dim: int | None = None) -> np.ndarray:
     return k.astype(np.int64)
 
 
-def _check_points(x: object, name: str = "x", dim: int | None = None) -> np.ndarray:
+def clip_to_cube(x: object) -> np.ndarray:
+    """The fixed rule applied to every private record before any release: non-finite entries are set to the
+    cube centre 1/2, then every coordinate is clipped to [0, 1]. The identity on points of [0,1]^d.
+
+    It is applied to every record whatever its value (no exception, warning or branch on a private value,
+    since an exception is itself a data-dependent release) and maps every record into [0,1]^d, where the
+    sensitivities :func:`l2_sensitivity` / :func:`l1_sensitivity` are computed; so the privacy guarantees hold
+    for arbitrary inputs. Only the array's shape (a public fact) is checked.
+
+    Args:
+        x: ``(n, d)`` array (or ``(n,)`` for d = 1).
+    """
+    a = np.array(_as_array(x), dtype=np.float64)
+    a[~np.isfinite(a)] = 0.5
+    return np.clip(a, 0.0, 1.0)
+
+
+def _as_array(x: object) -> np.ndarray:
     try:
         import torch
 
@@ -183,7 +201,24 @@ def _check_points(x: object, name: str = "x", dim: int | None = None) -> np.ndar
             x = x.detach().cpu().numpy()
     except ImportError:  # pragma: no cover
         pass
-    a = np.asarray(x, dtype=np.float64)
+    return np.asarray(x, dtype=np.float64)
+
+
+def _check_private_points(x: object, name: str = "X", dim: int | None = None) -> np.ndarray:
+    """Shape checks (public) on private samples, then :func:`clip_to_cube` (never a check on a value)."""
+    a = _as_array(x)
+    if a.ndim == 1 and dim in (None, 1):
+        a = a[:, None]
+    if a.ndim != 2 or a.shape[0] == 0:
+        raise ValueError(f"{_P}: {name} must be a non-empty (n, d) array, got shape {np.shape(x)}")
+    if dim is not None and a.shape[1] != dim:
+        raise ValueError(f"{_P}: {name} has d={a.shape[1]} columns, expected d={dim}")
+    return clip_to_cube(a)
+
+
+def _check_points(x: object, name: str = "x", dim: int | None = None) -> np.ndarray:
+    """Checks on public points (evaluation points): shape and values in [0,1]^d."""
+    a = _as_array(x)
     if a.ndim == 1 and dim in (None, 1):
         a = a[:, None]
     if a.ndim != 2 or a.shape[0] == 0:
@@ -257,7 +292,8 @@ def empirical_coefficients(x: object, *, cutoff: int | None = None, index_set: o
     built for the cube K_N). Not private by itself: see :func:`privatize_coefficients`.
 
     Args:
-        x: samples ``(n, d)`` in [0,1]^d.
+        x: private samples ``(n, d)``; every row goes through :func:`clip_to_cube` (non-finite -> 1/2, then
+            clipped to [0,1]^d), never a value check.
         cutoff: N for K = K_N (exclusive with ``index_set``).
         index_set: explicit ``(|K|, d)`` multi-indices.
         chunk_size: samples processed per block (memory bound).
@@ -265,7 +301,7 @@ def empirical_coefficients(x: object, *, cutoff: int | None = None, index_set: o
     if (cutoff is None) == (index_set is None):
         raise ValueError(f"{_P}: give exactly one of cutoff or index_set")
     chunk_size = v.integer(_P, "chunk_size", chunk_size, minimum=1)
-    pts = _check_points(x)
+    pts = _check_private_points(x, "x")
     if cutoff is not None:
         cutoff = v.integer(_P, "cutoff", cutoff, minimum=0)
         return _cube_coefficients(pts, cutoff, chunk_size)
@@ -622,7 +658,8 @@ class PrivateProjectionDensity(_ProjectionBase):
     Privacy guarantee: with ``privacy=ZCDP(rho)`` the fitted ``coefficients_`` (hence ``pdf``, ``ise``) are
     rho-zCDP; with ``PureDP(epsilon)`` epsilon-DP (Laplace); with ``ApproxDP(epsilon, delta)``
     (epsilon, delta)-DP; all w.r.t. replace-one neighbouring data sets of a public size n, provided the data
-    lie in [0,1]^d (checked), the cutoff / index set does not depend on the data, and only the released
+    are mapped into [0,1]^d by :func:`clip_to_cube` (applied to every record, never a value check), the cutoff /
+    index set does not depend on the data, and only the released
     coefficients are published. ``privacy=None`` gives the non-private estimator.
 
     Args:
@@ -658,8 +695,9 @@ class PrivateProjectionDensity(_ProjectionBase):
         self.device = device
 
     def fit(self, X: object) -> PrivateProjectionDensity:
-        """Fit on samples ``X`` of shape ``(n, d)`` in [0,1]^d (validated before any computation)."""
-        pts = _check_points(X, "X")
+        """Fit on private samples ``X`` of shape ``(n, d)``; rows go through :func:`clip_to_cube` (non-finite
+        entries -> 1/2, then clipped to [0,1]^d), so no exception depends on a private value."""
+        pts = _check_private_points(X, "X")
         n, d = pts.shape
         if self.cutoff is not None:
             k = cube_index_set(cutoff=self.cutoff, dim=d)
@@ -711,7 +749,8 @@ class PrivateLepskiiDensity(_ProjectionBase):
     Privacy guarantee: with ``privacy=ZCDP(rho)`` the released family, the selected cutoff ``cutoff_`` and
     ``coefficients_`` are rho-zCDP (zCDP composes additively over the releases: sum_j w_j rho = rho); with
     ``PureDP(epsilon)`` epsilon-DP; with ``ApproxDP(epsilon, delta)`` (epsilon, delta)-DP by basic composition;
-    for replace-one neighbours of public size n, data in [0,1]^d (checked), a data-independent family and
+    for replace-one neighbours of public size n, records mapped into [0,1]^d by :func:`clip_to_cube`, a
+    data-independent family and
     weights. ``budget_spent_`` lists the per-release budgets and ``privacy_spent_`` their composition.
 
     Args:
@@ -763,8 +802,9 @@ class PrivateLepskiiDensity(_ProjectionBase):
         self.device = device
 
     def fit(self, X: object) -> PrivateLepskiiDensity:
-        """Release the family privately from samples ``(n, d)`` in [0,1]^d and select the cutoff."""
-        pts = _check_points(X, "X")
+        """Release the family privately from private samples ``(n, d)`` (rows through :func:`clip_to_cube`)
+        and select the cutoff."""
+        pts = _check_private_points(X, "X")
         return self.fit_from_coefficients(empirical_coefficients(pts, cutoff=self.cutoffs[-1]), n=pts.shape[0],
                                           dim=pts.shape[1])
 
