@@ -681,3 +681,21 @@ def test_lin_betas_must_mix_public_and_private():
         with pytest.raises(ValueError, match="lin_betas"):
             Config(lin_betas=grid)
     assert all(0.0 < b < 1.0 for b in Config().lin_betas + Config.quick().lin_betas)
+
+
+def test_gdp_accountant_is_refused_everywhere():
+    """GDP accounting can under-estimate ε (Opacus warns so); the (ε, δ) promise needs rdp or prv."""
+    with pytest.raises(ValueError, match="gdp.*under-estimate"):
+        SemiDPSGD(_model().parameters(), lr=0.1, beta=0.5, noise_multiplier=1.0, max_grad_norm=1.0,
+                  expected_batch_size=4, sample_rate=0.1, accountant="gdp")
+    with pytest.raises(ValueError, match="gdp"):
+        noise_multiplier_for(target_epsilon=1.0, target_delta=1e-5, sample_rate=0.1, steps=10, accountant="gdp")
+    with pytest.raises(ValueError, match="gdp"):
+        epsilon_for(noise_multiplier=1.0, sample_rate=0.1, steps=10, delta=1e-5, accountant="gdp")
+    x, y = torch.randn(30, 5), torch.randint(0, 3, (30,))
+    with pytest.raises(ValueError, match="gdp"):
+        train_semi_dp(_model(), _ce, mode="semi_dp", x_priv=x[10:], y_priv=y[10:], x_pub=x[:10], y_pub=y[:10],
+                      epsilon=1.0, delta=1e-5, steps=2, lr=0.1, accountant="gdp")
+    for acc in ("rdp", "prv", None):
+        SemiDPSGD(_model().parameters(), lr=0.1, beta=0.5, noise_multiplier=1.0, max_grad_norm=1.0,
+                  expected_batch_size=4, sample_rate=0.1, accountant=acc)

@@ -47,7 +47,7 @@ __all__ = [
     "train_semi_dp",
 ]
 
-AccountantName = Literal["rdp", "prv", "gdp"]
+AccountantName = Literal["rdp", "prv"]
 _CLIP_EPS = 1e-6  # same stabiliser as Opacus' DPOptimizer.clip_and_accumulate
 
 
@@ -62,10 +62,21 @@ def _import_opacus():
     return create_accountant, get_noise_multiplier
 
 
+def _check_accountant(where: str, accountant: object, *, allow_none: bool = False) -> None:
+    """"rdp" or "prv" (or None when allowed). "gdp" is refused: Opacus' Gaussian-DP accountant is a central-limit
+    approximation that can under-estimate ε (Opacus itself warns "GDP accounting is experimental and can
+    underestimate privacy expenditure", arXiv:2106.02848), so it cannot back the (ε, δ) guarantee promised here."""
+    if accountant == "gdp":
+        raise ValueError(f"{where}: accountant='gdp' is refused: Gaussian-DP accounting is a central-limit "
+                         "approximation that can under-estimate epsilon (Opacus warns the same), so it does not "
+                         "give the (epsilon, delta) guarantee documented here; use 'rdp' or 'prv'")
+    v.one_of(where, "accountant", accountant, ("rdp", "prv", None) if allow_none else ("rdp", "prv"))
+
+
 def _check_accounting(where: str, *, sample_rate: float, steps: int, accountant: str) -> None:
     v.in_range(where, "sample_rate", sample_rate, 0.0, 1.0, low_open=True)
     v.integer(where, "steps", steps, minimum=1)
-    v.one_of(where, "accountant", accountant, ("rdp", "prv", "gdp"))
+    _check_accountant(where, accountant)
 
 
 # ------------------------------------------------------------------------------------ per-sample gradients
@@ -164,7 +175,9 @@ class SemiDPSGD(torch.optim.Optimizer):
         clip_public: clip public per-sample gradients to C too (official code: yes).
         momentum: heavy-ball momentum in [0, 1) applied to the mixed gradient.
         weight_decay: L2 weight decay >= 0 added to the mixed gradient.
-        accountant: ``"rdp"``, ``"prv"``, ``"gdp"`` (Opacus) or ``None`` (no accounting).
+        accountant: ``"rdp"`` or ``"prv"`` (Opacus; both are upper bounds on ε) or ``None`` (no accounting).
+            ``"gdp"`` is refused with a ``ValueError``: Gaussian-DP accounting is a central-limit approximation
+            that can under-estimate ε (Opacus warns the same), so it cannot back an (ε, δ) guarantee.
         generator: torch generator for the noise (on the parameters' device); ``None`` uses the global one.
     """
 
@@ -181,7 +194,7 @@ class SemiDPSGD(torch.optim.Optimizer):
         v.in_range(w, "sample_rate", sample_rate, 0.0, 1.0, low_open=True)
         v.in_range(w, "momentum", momentum, 0.0, 1.0, high_open=True)
         v.non_negative(w, "weight_decay", weight_decay)
-        v.one_of(w, "accountant", accountant, ("rdp", "prv", "gdp", None))
+        _check_accountant(w, accountant, allow_none=True)
         super().__init__(params, {"lr": float(lr), "momentum": float(momentum),
                                   "weight_decay": float(weight_decay)})
         self.beta = float(beta)
@@ -474,6 +487,7 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
     where = "train_semi_dp"
     v.one_of(where, "mode", mode, ("semi_dp", "public_only", "dp_sgd_all"))
     v.privacy_budget(where, epsilon, delta)
+    _check_accountant(where, accountant)
     v.probability(where, "beta", beta)
     v.positive(where, "max_grad_norm", max_grad_norm)
     v.integer(where, "steps", steps, minimum=1)
