@@ -1,12 +1,14 @@
 """Private projection density estimation on [0,1]^d with a private Lepskii cutoff (Lalanne & Gadat, ICML 2024)."""
 
 from icml24.private_density.projection import (
+    CALIBRATED_KAPPA_PRIV,
     ZCDP,
     ApproxDP,
     Privacy,
     PrivateLepskiiDensity,
     PrivateProjectionDensity,
     PureDP,
+    ReproducibleNoiseWarning,
     TrigDensity,
     clip_to_cube,
     cube_index_set,
@@ -40,4 +42,6 @@ __all__ = [
     "PrivateProjectionDensity",
     "PrivateLepskiiDensity",
     "dyadic_cutoffs",
+    "ReproducibleNoiseWarning",
+    "CALIBRATED_KAPPA_PRIV",
 ]
