@@ -262,11 +262,23 @@ class SemiDPSGD(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: None = None, *, private_grad_samples: Sequence[torch.Tensor] | None = None,
              public_grad_samples: Sequence[torch.Tensor] | None = None) -> None:
-        """One update; see the class docstring. Validates every input before changing any state."""
+        """One update; see the class docstring. Validates every input before changing any state.
+
+        Opacus convention: called with no per-sample arguments (a plain ``optimizer.step()``), the private
+        per-sample gradients are read from ``p.grad_sample`` (set by an Opacus ``GradSampleModule`` on the
+        backward pass of the private batch; use ``loss_reduction="mean"`` there with a mean loss, or "sum"
+        with a summed loss, so that ``grad_sample`` holds per-sample gradients of the per-sample losses) and
+        the public ones from :meth:`capture_public`; both are cleared after the step.
+        """
         if closure is not None:
             raise TypeError("SemiDPSGD.step: closures are not supported; pass per-sample gradients")
+        from_module = private_grad_samples is None and public_grad_samples is None
+        if from_module:
+            private_grad_samples = self._read_grad_samples()
+            public_grad_samples = self._public_stash
         if private_grad_samples is None and public_grad_samples is None:
-            raise ValueError("SemiDPSGD.step: pass private_grad_samples, public_grad_samples or both")
+            raise ValueError("SemiDPSGD.step: pass private_grad_samples, public_grad_samples or both (or run a "
+                             "backward pass through an Opacus GradSampleModule first)")
         if private_grad_samples is not None:
             self._check_grads(private_grad_samples, "private_grad_samples", private=True)
         if public_grad_samples is not None:
@@ -298,6 +310,45 @@ class SemiDPSGD(torch.optim.Optimizer):
             self.private_steps += 1
             if self.accountant is not None:
                 self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+        if from_module:
+            self._clear_grad_samples()
+
+    # ---------------------------------------------------------------------------- Opacus grad_sample path
+    def _read_grad_samples(self) -> list[torch.Tensor] | None:
+        gs = [getattr(p, "grad_sample", None) for p in self.params]
+        if all(g is None for g in gs):
+            return None
+        if any(g is None for g in gs) or any(not isinstance(g, torch.Tensor) for g in gs):
+            raise ValueError("SemiDPSGD.step: every parameter of the optimizer needs a tensor p.grad_sample (one "
+                             "backward pass through an Opacus GradSampleModule; pass only trainable parameters)")
+        return gs
+
+    def _clear_grad_samples(self) -> None:
+        for p in self.params:
+            if hasattr(p, "grad_sample"):
+                p.grad_sample = None
+        self._public_stash = None
+
+    _public_stash: list[torch.Tensor] | None = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """``torch.optim.Optimizer.zero_grad`` that also clears ``p.grad_sample`` and the captured public
+        gradients (as Opacus' ``DPOptimizer.zero_grad``), so per-sample gradients never leak into the next step."""
+        super().zero_grad(set_to_none=set_to_none)
+        self._clear_grad_samples()
+
+    def capture_public(self) -> None:
+        """Move the current ``p.grad_sample`` (from a backward pass of the *public* batch through an Opacus
+        ``GradSampleModule``) aside as the public per-sample gradients of the next plain ``step()``; the
+        private batch's backward pass then fills ``p.grad_sample`` again."""
+        gs = self._read_grad_samples()
+        if gs is None:
+            raise ValueError("SemiDPSGD.capture_public: no p.grad_sample to capture; run the public batch's "
+                             "backward pass through an Opacus GradSampleModule first")
+        self._check_grads(gs, "public grad_sample")
+        self._public_stash = [g.detach().clone() for g in gs]
+        for p in self.params:
+            p.grad_sample = None
 
     def get_epsilon(self, delta: float) -> float:
         """ε spent so far on the private data at this δ (Opacus accountant; 0 before any private step)."""
