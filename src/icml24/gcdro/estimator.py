@@ -79,13 +79,17 @@ class _BaseWeightedRegressor(RegressorMixin, BaseEstimator):
         if sw.sum() <= 0:
             raise ValueError("gcdro: sample_weight must have a positive sum")
         p = sw / sw.sum()  # the weighted empirical distribution p̂
-        self.x_mean_ = p @ X
-        self.x_scale_ = np.sqrt(p @ (X - self.x_mean_) ** 2)
-        self.x_scale_[self.x_scale_ == 0] = 1.0
-        self.y_mean_ = float(p @ y)
-        self.y_scale_ = float(np.sqrt(p @ (y - self.y_mean_) ** 2)) or 1.0
-        self._p = torch.as_tensor(p, dtype=torch.float64, device=self.device)
         self._uniform_p = bool(np.all(sw == sw[0]))
+        if self._uniform_p:  # the unweighted formulas (bit-identical to fits without sample_weight)
+            self.x_mean_, self.x_scale_ = X.mean(0), X.std(0)
+            self.y_mean_, self.y_scale_ = float(y.mean()), float(y.std()) or 1.0
+        else:
+            self.x_mean_ = p @ X
+            self.x_scale_ = np.sqrt(p @ (X - self.x_mean_) ** 2)
+            self.y_mean_ = float(p @ y)
+            self.y_scale_ = float(np.sqrt(p @ (y - self.y_mean_) ** 2)) or 1.0
+        self.x_scale_[self.x_scale_ == 0] = 1.0
+        self._p = torch.as_tensor(p, dtype=torch.float64, device=self.device)
         xs = (X - self.x_mean_) / self.x_scale_
         ys = (y - self.y_mean_) / self.y_scale_
         return (torch.as_tensor(xs, dtype=torch.float64, device=self.device),
@@ -97,7 +101,10 @@ class _BaseWeightedRegressor(RegressorMixin, BaseEstimator):
     def _scaled(self, losses: torch.Tensor) -> torch.Tensor:
         # NOTE(deviation): losses are divided by their (p̂-weighted) mean before weighting, so λ, α, β are
         # scale-free.
-        return losses / (self._p @ losses).clamp_min(1e-12) if self.normalize_loss else losses
+        if not self.normalize_loss:
+            return losses
+        mean = losses.mean() if self._uniform_p else self._p @ losses
+        return losses / mean.clamp_min(1e-12)
 
     def _reweighted(self, losses: torch.Tensor) -> torch.Tensor:
         """Worst-case weights q of the method, tilted by the sample weights: q_i ∝ p̂_i n q_i (identity for
