@@ -504,3 +504,21 @@ def test_renormalised_nonnegative_projection_score_samples_and_sample():
     np.testing.assert_array_equal(draws, est.sample(4000, random_state=np.random.default_rng(3)))
     with pytest.raises(ValueError, match="n_samples"):
         est.sample(0)
+
+
+def test_fit_from_coefficients_never_raises_on_values():
+    x = np.random.default_rng(0).random((200, 1))
+    th = empirical_coefficients(x, cutoff=4)
+    bad = th.copy()
+    bad[1], bad[2], bad[3] = np.nan, np.inf, 50.0
+    fixed = th.copy()
+    fixed[1], fixed[2], fixed[3] = 0.0, 0.0, 2 ** 0.5  # non-finite -> 0; 50 -> the bound sqrt2
+    mk = lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), cutoffs=(0, 1, 2, 4),  # noqa: E731
+                                       random_state=np.random.default_rng(3))
+    a = mk().fit_from_coefficients(bad, n=200, dim=1)
+    b = mk().fit_from_coefficients(fixed, n=200, dim=1)
+    np.testing.assert_array_equal(a.coefficients_, b.coefficients_)
+    c = mk().fit_from_coefficients(th, n=200, dim=1)
+    np.testing.assert_array_equal(c.coefficients_, mk().fit(x).coefficients_)  # identity on real coefficients
+    with pytest.raises(ValueError, match="entries"):
+        mk().fit_from_coefficients(th[:-1], n=200, dim=1)
