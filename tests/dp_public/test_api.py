@@ -31,6 +31,8 @@ from icml24.dp_public import (
     privunitg_mse,
     privunitg_params,
     project_to_unit_ball,
+    sanitize_grad_samples,
+    sanitize_private_rows,
     throw_away_mean,
     train_semi_dp,
     treat_as_private_mean,
@@ -393,12 +395,10 @@ def test_mean_estimation_bad_data():
         treat_as_private_mean(_x(d=4), _x(d=3), epsilon=1.0, delta=1e-5)
     bad = _x()
     bad[2, 1] = float("nan")
-    with pytest.raises(ValueError, match="NaN"):
-        weighted_mean(bad, _x(), epsilon=1.0, delta=1e-5)
+    with pytest.raises(ValueError, match="NaN"):  # public data: a value check is allowed
+        weighted_mean(_x(), bad, epsilon=1.0, delta=1e-5)
     with pytest.raises(ValueError, match="NaN"):
         throw_away_mean(bad)
-    with pytest.raises(ValueError, match="norm <= 1"):
-        weighted_mean(3 * _x(), _x(), epsilon=1.0, delta=1e-5)
     torch.testing.assert_close(project_to_unit_ball(3 * _x()).norm(dim=-1), torch.ones(10, dtype=F64))
     with pytest.raises(ValueError, match="n_pub >= 2"):
         weighted_mean(_x(), _x(n=1), epsilon=1.0, delta=1e-5)
@@ -406,12 +406,10 @@ def test_mean_estimation_bad_data():
         gaussian_noise_std(sensitivity=1.0, epsilon=2.0, delta=1e-5, mechanism="classic")
     with pytest.raises(ValueError, match="sensitivity"):
         gaussian_noise_std(sensitivity=0.0, epsilon=1.0, delta=1e-5)
-    with pytest.raises(ValueError, match="norm <= 1"):
-        privunitg(3 * _x(), epsilon=1.0)
     with pytest.raises(ValueError, match="epsilon"):
         privunitg(_x(), epsilon=0.0)
-    with pytest.raises(ValueError, match="NaN"):
-        privunitg(bad, epsilon=1.0)
+    with pytest.raises(TypeError, match="floating"):  # dtype is public: may raise
+        weighted_mean(torch.ones(4, 3, dtype=torch.int64), _x(d=3), epsilon=1.0, delta=1e-5)
     with pytest.raises(ValueError, match="dimension"):
         ldp_weighted_mean(reports=_x(d=4), x_pub=_x(d=6), epsilon=1.0)
     with pytest.raises(ValueError, match="p in p_grid"):
@@ -463,9 +461,95 @@ def test_train_semi_dp_bad_input():
         with pytest.raises(ValueError, match=match):
             train_semi_dp(_model(), _ce, **{**base, **kw})
     xn = x.clone()
-    xn[12, 0] = float("nan")
-    with pytest.raises(ValueError, match="NaN"):
-        train_semi_dp(_model(), _ce, **{**base, "x_priv": xn[10:]})
+    xn[2, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):  # public data: a value check is allowed
+        train_semi_dp(_model(), _ce, **{**base, "x_pub": xn[:10]})
+
+
+def _hostile(x):
+    h = x.clone()
+    h[0, 0] = float("nan")
+    h[1, 1] = float("inf")
+    h[2, 0] = -float("inf")
+    h[3] = 1e30
+    h[4] *= 50.0
+    return h
+
+
+def test_sanitize_private_rows_rule():
+    x = 0.5 * _x(n=10, d=4)
+    torch.testing.assert_close(sanitize_private_rows(x), x)  # identity inside the ball
+    h = _hostile(x)
+    s = sanitize_private_rows(h)
+    assert torch.isfinite(s).all() and (s.norm(dim=-1) <= 1 + 1e-12).all()
+    ref = torch.where(torch.isfinite(h), h, 0.0)
+    ref = ref / ref.norm(dim=-1, keepdim=True).clamp(min=1.0)
+    torch.testing.assert_close(s, ref)
+    torch.testing.assert_close(s[4], x[4] / x[4].norm())
+    assert s[0, 0] == 0 and s[1, 1] == 0 and s[2, 0] == 0
+    s32 = sanitize_private_rows(torch.full((2, 3), 1e30, dtype=torch.float32))  # the norm overflows
+    assert torch.equal(s32, torch.zeros(2, 3))
+
+
+def test_private_values_never_raise_and_rule_is_applied():
+    """Hostile private rows (NaN, ±inf, huge, outside the ball) are mapped by the documented rule; the output
+    equals the estimator on the sanitized rows with the same noise draw."""
+    x_priv, x_pub = _hostile(_x(n=12, d=4)), _x(n=8, d=4, seed=3)
+    clean = sanitize_private_rows(x_priv)
+    kw = {"epsilon": 1.0, "delta": 1e-5}
+    for fn in (lambda xp: weighted_mean(xp, x_pub, **kw, generator=_gen(7))[0],
+               lambda xp: treat_as_private_mean(xp, x_pub, **kw, generator=_gen(7)),
+               lambda xp: private_only_mean(xp, **kw, generator=_gen(7)),
+               lambda xp: privunitg(xp, epsilon=1.0, generator=_gen(7))):
+        out = fn(x_priv)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, fn(clean))
+    # the weight r never looks at private values
+    r_h = weighted_mean(x_priv, x_pub, **kw, generator=_gen(1))[1]
+    r_c = weighted_mean(clean, x_pub, **kw, generator=_gen(1))[1]
+    torch.testing.assert_close(r_h, r_c)
+
+
+def test_private_gradients_with_nan_are_zeroed_not_raised():
+    m = _model()
+    good = _grads(m, 0, 4)
+    bad = [g.clone() for g in good]
+    bad[0][1, 0, 0] = float("nan")
+    bad[-1][2] = float("inf")
+    s = sanitize_grad_samples(bad)
+    for g_s, g in zip(s, good, strict=True):
+        assert torch.equal(g_s[[0, 3]], g[[0, 3]])
+        assert torch.equal(g_s[[1, 2]], torch.zeros_like(g[[1, 2]]))
+    outs = []
+    for gs in (bad, s):
+        mm = _model()
+        mm.load_state_dict(m.state_dict())
+        opt = SemiDPSGD(mm.parameters(), lr=0.1, beta=0.5, noise_multiplier=1.0, max_grad_norm=1.0,
+                        expected_batch_size=4, sample_rate=0.1, generator=_gen(5))
+        opt.step(private_grad_samples=gs, public_grad_samples=good)
+        outs.append([p.detach().clone() for p in mm.parameters()])
+        assert opt.private_steps == 1
+    for a, b in zip(*outs, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
+
+
+def test_train_semi_dp_hostile_private_data_equals_zeroed_data():
+    x, y = torch.randn(30, 5), torch.randint(0, 3, (30,))
+    xh = x.clone()
+    xh[12, 0], xh[15, 3], xh[20, 1] = float("nan"), float("inf"), -float("inf")
+    xz = torch.nan_to_num(xh, nan=0.0, posinf=0.0, neginf=0.0)
+    outs = []
+    for xp in (xh, xz):
+        torch.manual_seed(0)
+        m = _model()
+        res = train_semi_dp(m, _ce, mode="semi_dp", x_priv=xp[10:], y_priv=y[10:], x_pub=x[:10], y_pub=y[:10],
+                            epsilon=1.0, delta=1e-5, steps=3, lr=0.1, batch_size=5, generator=_gen(2))
+        outs.append([p.detach().clone() for p in m.parameters()])
+        assert res.epsilon is not None and res.epsilon <= 1.0 + 1e-9
+    for a, b in zip(*outs, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("kw", [{"delta": 0.0}, {"clip_norm": 0.0}, {"me_epsilons": (0.0,)},
@@ -597,3 +681,21 @@ def test_lin_betas_must_mix_public_and_private():
         with pytest.raises(ValueError, match="lin_betas"):
             Config(lin_betas=grid)
     assert all(0.0 < b < 1.0 for b in Config().lin_betas + Config.quick().lin_betas)
+
+
+def test_gdp_accountant_is_refused_everywhere():
+    """GDP accounting can under-estimate ε (Opacus warns so); the (ε, δ) promise needs rdp or prv."""
+    with pytest.raises(ValueError, match="gdp.*under-estimate"):
+        SemiDPSGD(_model().parameters(), lr=0.1, beta=0.5, noise_multiplier=1.0, max_grad_norm=1.0,
+                  expected_batch_size=4, sample_rate=0.1, accountant="gdp")
+    with pytest.raises(ValueError, match="gdp"):
+        noise_multiplier_for(target_epsilon=1.0, target_delta=1e-5, sample_rate=0.1, steps=10, accountant="gdp")
+    with pytest.raises(ValueError, match="gdp"):
+        epsilon_for(noise_multiplier=1.0, sample_rate=0.1, steps=10, delta=1e-5, accountant="gdp")
+    x, y = torch.randn(30, 5), torch.randint(0, 3, (30,))
+    with pytest.raises(ValueError, match="gdp"):
+        train_semi_dp(_model(), _ce, mode="semi_dp", x_priv=x[10:], y_priv=y[10:], x_pub=x[:10], y_pub=y[:10],
+                      epsilon=1.0, delta=1e-5, steps=2, lr=0.1, accountant="gdp")
+    for acc in ("rdp", "prv", None):
+        SemiDPSGD(_model().parameters(), lr=0.1, beta=0.5, noise_multiplier=1.0, max_grad_norm=1.0,
+                  expected_batch_size=4, sample_rate=0.1, accountant=acc)

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
 from icml24.private_density import (
+    CALIBRATED_KAPPA_PRIV,
     ZCDP,
     ApproxDP,
     PrivateLepskiiDensity,
     PrivateProjectionDensity,
     PureDP,
     TrigDensity,
+    clip_to_cube,
     cube_index_set,
     dyadic_cutoffs,
     empirical_coefficients,
@@ -27,6 +30,9 @@ from icml24.private_density import (
     trig_basis,
 )
 from icml24.private_density.experiment import Config
+
+
+_X1 = np.full((4, 1), 0.5)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -217,7 +223,7 @@ def test_neighbouring_coefficient_difference_within_sensitivity(d, N):
 def test_lepskii_spends_exactly_the_budget(privacy, scheme):
     x = np.random.default_rng(0).random((400, 2))
     lep = PrivateLepskiiDensity(privacy=privacy, max_cutoff=6, scheme=scheme, random_state=0).fit(x)
-    assert lep.cutoffs == dyadic_cutoffs(6) == (0, 1, 2, 4, 6)
+    assert lep.cutoffs_ == dyadic_cutoffs(6) == (0, 1, 2, 4, 6)
     assert len(lep.budget_spent_) == 4
     spent = lep.privacy_spent_
     assert type(spent) is type(privacy)
@@ -242,7 +248,7 @@ def test_lepskii_shell_family_is_nested_and_noise_energy_exact():
     e = sum(s * (4 * s / n**2) / (2 * 0.2 / 3) for s in (2, 4, 8))
     assert lep.candidate_noise_energy_[7] == pytest.approx(e)
     assert lep.select_cutoff(kappa_stat=1e9, kappa_priv=1e9) == 0
-    assert lep.select_cutoff(kappa_stat=0, kappa_priv=0) in lep.cutoffs
+    assert lep.select_cutoff(kappa_stat=0, kappa_priv=0) in lep.cutoffs_
 
 
 def test_lepskii_adapts_to_privacy_level():
@@ -279,15 +285,15 @@ def test_zcdp_conversion():
     (lambda: ZCDP(float("inf")), "rho"), (lambda: PureDP(0.0), "epsilon"), (lambda: PureDP(float("nan")), "epsilon"),
     (lambda: ApproxDP(0.5, 0.0), "delta"), (lambda: ApproxDP(0.5, 1.0), "delta"), (lambda: ApproxDP(1.0, 1e-5), "epsilon"),
     (lambda: ApproxDP(-0.1, 1e-5), "epsilon"), (lambda: ZCDP(0.1).to_approx_dp(delta=2.0), "delta"),
-    (lambda: PrivateProjectionDensity(cutoff=-1, privacy=ZCDP(1.0)), "cutoff"),
-    (lambda: PrivateProjectionDensity(privacy=ZCDP(1.0)), "cutoff or index_set"),
-    (lambda: PrivateProjectionDensity(cutoff=2, privacy=ZCDP(1.0), device="cuda"), "device"),
-    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), cutoffs=(0, 2, 2)), "cutoffs"),
-    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), cutoffs=(0, -1, 2)), "cutoffs"),
-    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), max_cutoff=0), "max_cutoff"),
-    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), kappa_priv=-1.0), "kappa_priv"),
-    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), scheme="bogus"), "scheme"),
-    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), cutoffs=(0, 1, 2), budget_weights=(1.0, -1.0)), "budget_weights"),
+    (lambda: PrivateProjectionDensity(cutoff=-1, privacy=ZCDP(1.0)).fit(_X1), "cutoff"),
+    (lambda: PrivateProjectionDensity(privacy=ZCDP(1.0)).fit(_X1), "cutoff or index_set"),
+    (lambda: PrivateProjectionDensity(cutoff=2, privacy=ZCDP(1.0), device="cuda").fit(_X1), "device"),
+    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), cutoffs=(0, 2, 2)).fit(_X1), "cutoffs"),
+    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), cutoffs=(0, -1, 2)).fit(_X1), "cutoffs"),
+    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), max_cutoff=0).fit(_X1), "max_cutoff"),
+    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), kappa_priv=-1.0).fit(_X1), "kappa_priv"),
+    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), scheme="bogus").fit(_X1), "scheme"),
+    (lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), cutoffs=(0, 1, 2), budget_weights=(1.0, -1.0)).fit(_X1), "budget_weights"),
     (lambda: TrigDensity.sobolev(beta=0.0, dim=1, degree=4, seed=0), "beta"),
     (lambda: TrigDensity(index_set=np.zeros((1, 1), int), coefficients=[0.5]), "theta_0"),
     (lambda: expected_mise(TrigDensity.sobolev(beta=1.0, dim=1, degree=3, seed=0), cutoff=-2, n=10,
@@ -300,11 +306,7 @@ def test_bad_arguments_raise_value_error(make, match):
         make()
 
 
-@pytest.mark.parametrize("x,match", [
-    (np.array([[0.2], [1.2]]), r"\[0,1\]"), (np.array([[0.2], [-0.01]]), r"\[0,1\]"),
-    (np.array([[0.2], [np.nan]]), "NaN"), (np.array([[0.2], [np.inf]]), "NaN or infinite"),
-    (np.zeros((0, 1)), "non-empty"), (np.zeros((2, 2, 2)), "non-empty"),
-])
+@pytest.mark.parametrize("x,match", [(np.zeros((0, 1)), "non-empty"), (np.zeros((2, 2, 2)), "non-empty")])
 def test_bad_data_raises_before_compute(x, match):
     for est in (PrivateProjectionDensity(cutoff=2, privacy=ZCDP(1.0)), PrivateLepskiiDensity(privacy=ZCDP(1.0))):
         with pytest.raises(ValueError, match=match):
@@ -313,17 +315,44 @@ def test_bad_data_raises_before_compute(x, match):
         empirical_coefficients(x, cutoff=2)
 
 
+def test_clip_to_cube_rule():
+    x = np.array([[0.2, 0.7], [1.2, -0.3], [np.nan, 0.4], [np.inf, -np.inf], [1e300, -1e300]])
+    out = clip_to_cube(x)
+    np.testing.assert_array_equal(out, [[0.2, 0.7], [1.0, 0.0], [0.5, 0.4], [0.5, 0.5], [1.0, 0.0]])
+    inside = np.random.default_rng(0).random((20, 3))
+    np.testing.assert_array_equal(clip_to_cube(inside), inside)  # identity on the cube
+
+
+@pytest.mark.parametrize("make", [
+    lambda: PrivateProjectionDensity(cutoff=2, privacy=ZCDP(1.0), random_state=3),
+    lambda: PrivateProjectionDensity(cutoff=2, privacy=PureDP(1.0), random_state=3),
+    lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), cutoffs=(0, 1, 2, 4), random_state=3),
+])
+def test_hostile_private_values_never_raise_and_equal_the_clipped_fit(make):
+    """Out-of-cube, NaN and inf records are mapped by clip_to_cube; the fit equals the fit on the clipped data
+    with the same noise draw."""
+    x = np.random.default_rng(1).random((50, 2))
+    x[0] = [1.5, -2.0]
+    x[1, 0], x[2, 1], x[3, 0] = np.nan, np.inf, -np.inf
+    x[4, 1] = 1e300
+    a, b = make().fit(x), make().fit(clip_to_cube(x))
+    assert np.all(np.isfinite(a.coefficients_))
+    np.testing.assert_array_equal(a.coefficients_, b.coefficients_)
+    np.testing.assert_array_equal(empirical_coefficients(x, cutoff=2),
+                                  empirical_coefficients(clip_to_cube(x), cutoff=2))
+
+
 def test_type_errors_and_unfitted():
     with pytest.raises(TypeError, match="privacy"):
-        PrivateProjectionDensity(cutoff=2, privacy=0.5)  # type: ignore[arg-type]
+        PrivateProjectionDensity(cutoff=2, privacy=0.5).fit(_X1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="privacy"):
-        PrivateLepskiiDensity(privacy=None)  # type: ignore[arg-type]
+        PrivateLepskiiDensity(privacy=None).fit(_X1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="cutoff"):
-        PrivateProjectionDensity(cutoff=2.5, privacy=None)  # type: ignore[arg-type]
+        PrivateProjectionDensity(cutoff=2.5, privacy=None).fit(_X1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="rho"):
         ZCDP("0.1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="random_state"):
-        PrivateProjectionDensity(cutoff=1, privacy=None, random_state=-3)
+        PrivateProjectionDensity(cutoff=1, privacy=None, random_state=-3).fit(_X1)
     est = PrivateProjectionDensity(cutoff=2, privacy=ZCDP(1.0))
     with pytest.raises(RuntimeError, match="fit"):
         est.pdf(np.array([[0.5]]))
@@ -390,7 +419,7 @@ def test_noise_variance_that_is_not_finite_raises(privacy):
                                       ({"budget_weights": [None, 1, 1, 1]}, "budget_weights")])
 def test_non_numeric_lepskii_constants_name_the_parameter(kw, match):
     with pytest.raises(TypeError, match=match):
-        PrivateLepskiiDensity(privacy=ZCDP(1.0), max_cutoff=6, **kw)
+        PrivateLepskiiDensity(privacy=ZCDP(1.0), max_cutoff=6, **kw).fit(_X1)
 
 
 def test_select_cutoff_non_numeric_constants_name_the_parameter():
@@ -400,4 +429,96 @@ def test_select_cutoff_non_numeric_constants_name_the_parameter():
         lep.select_cutoff(kappa_stat="x")
     with pytest.raises(TypeError, match="kappa_priv"):
         lep.select_cutoff(kappa_priv="1")
-    assert lep.select_cutoff(kappa_stat=1.0, kappa_priv=np.float64(1.0)) in lep.cutoffs
+    assert lep.select_cutoff(kappa_stat=1.0, kappa_priv=np.float64(1.0)) in lep.cutoffs_
+
+
+# --------------------------------------------------------------------------- scikit-learn API
+def test_default_kappa_priv_is_the_calibrated_value_the_experiment_uses():
+    assert PrivateLepskiiDensity(privacy=ZCDP(1.0)).kappa_priv == CALIBRATED_KAPPA_PRIV == Config().kappa_priv == 2.0
+
+
+@pytest.mark.parametrize("make", [
+    lambda: PrivateProjectionDensity(cutoff=3, privacy=ZCDP(0.5)),
+    lambda: PrivateLepskiiDensity(privacy=ZCDP(0.5), cutoffs=(0, 1, 2, 4), budget_weights=(1.0, 2.0, 1.0)),
+])
+def test_sklearn_get_params_clone_and_validation_in_fit(make):
+    from sklearn.base import clone
+
+    est = make()
+    params = est.get_params()
+    assert params["privacy"] == ZCDP(0.5) and "random_state" in params
+    c = clone(est)
+    assert c.get_params() == params and not hasattr(c, "coefficients_")
+    x = np.random.default_rng(0).random((300, 2))
+    a = clone(est).set_params(random_state=np.random.default_rng(4)).fit(x)
+    b = clone(est).set_params(random_state=np.random.default_rng(4)).fit(x)
+    np.testing.assert_array_equal(a.coefficients_, b.coefficients_)
+    assert a.n_features_in_ == 2
+    bad = clone(est).set_params(privacy="none")  # accepted at construction, refused by fit before compute
+    with pytest.raises(TypeError, match="privacy"):
+        bad.fit(x)
+
+
+def test_fixed_int_seed_warns_that_noise_is_reproducible():
+    from icml24.private_density import ReproducibleNoiseWarning
+
+    x = np.random.default_rng(0).random((100, 1))
+    with pytest.warns(ReproducibleNoiseWarning, match="reproducible"):
+        a = PrivateProjectionDensity(cutoff=2, privacy=ZCDP(1.0), random_state=5).fit(x)
+    with pytest.warns(ReproducibleNoiseWarning):
+        PrivateLepskiiDensity(privacy=ZCDP(1.0), max_cutoff=2, random_state=5).fit(x)
+    with pytest.warns(ReproducibleNoiseWarning):
+        b = PrivateProjectionDensity(cutoff=2, privacy=ZCDP(1.0), random_state=5).fit(x)
+    np.testing.assert_array_equal(a.coefficients_, b.coefficients_)  # the point of the warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PrivateProjectionDensity(cutoff=2, privacy=ZCDP(1.0), random_state=None).fit(x)
+        PrivateProjectionDensity(cutoff=2, privacy=ZCDP(1.0), random_state=np.random.default_rng(1)).fit(x)
+        PrivateProjectionDensity(cutoff=2, privacy=None, random_state=5).fit(x)  # no noise: nothing to warn
+
+
+def test_renormalised_nonnegative_projection_score_samples_and_sample():
+    f = TrigDensity.sobolev(beta=1.0, dim=2, degree=4, seed=0)
+    x = f.sample(2000, rng=np.random.default_rng(0))
+    est = PrivateProjectionDensity(cutoff=4, privacy=ZCDP(2e-3), random_state=np.random.default_rng(2)).fit(x)
+    raw = est.pdf(est._grid())
+    assert raw.min() < 0  # strong noise: the raw projection goes negative, so the projection matters
+    g = est.density(est._grid())
+    assert g.min() >= 0 and g.mean() == pytest.approx(1.0, abs=1e-9)  # midpoint rule: integral 1
+    truth = f.pdf(est._grid())
+    assert np.mean((g - truth) ** 2) <= np.mean((raw - truth) ** 2)  # L2 projection onto densities
+    pts = np.array([[0.3, 0.6], [0.9, 0.1], [1.5, 0.5], [-0.1, 0.2]])
+    s = est.score_samples(pts)
+    np.testing.assert_allclose(np.exp(s[:2]), est.density(pts[:2]))
+    assert np.all(np.isneginf(s[2:]))  # outside the cube: density 0, no exception
+    assert est.score(pts[:2]) == pytest.approx(s[:2].sum())
+    draws = est.sample(4000, random_state=np.random.default_rng(3))
+    assert draws.shape == (4000, 2) and draws.min() >= 0 and draws.max() <= 1
+    # the draws follow f_plus: cell frequencies on a 4x4 grid match its integrals
+    cells = np.floor(draws * 4).astype(int)
+    freq = np.bincount(cells[:, 0] * 4 + cells[:, 1], minlength=16) / 4000
+    gg = est.density(est._grid())
+    m = int(round(len(gg) ** 0.5))
+    expect = gg.reshape(m, m).reshape(4, m // 4, 4, m // 4).mean(axis=(1, 3)).reshape(-1) / 16
+    assert np.abs(freq - expect).max() < 0.02  # uniform draws would be off by 0.05
+    np.testing.assert_array_equal(draws, est.sample(4000, random_state=np.random.default_rng(3)))
+    with pytest.raises(ValueError, match="n_samples"):
+        est.sample(0)
+
+
+def test_fit_from_coefficients_never_raises_on_values():
+    x = np.random.default_rng(0).random((200, 1))
+    th = empirical_coefficients(x, cutoff=4)
+    bad = th.copy()
+    bad[1], bad[2], bad[3] = np.nan, np.inf, 50.0
+    fixed = th.copy()
+    fixed[1], fixed[2], fixed[3] = 0.0, 0.0, 2 ** 0.5  # non-finite -> 0; 50 -> the bound sqrt2
+    mk = lambda: PrivateLepskiiDensity(privacy=ZCDP(1.0), cutoffs=(0, 1, 2, 4),  # noqa: E731
+                                       random_state=np.random.default_rng(3))
+    a = mk().fit_from_coefficients(bad, n=200, dim=1)
+    b = mk().fit_from_coefficients(fixed, n=200, dim=1)
+    np.testing.assert_array_equal(a.coefficients_, b.coefficients_)
+    c = mk().fit_from_coefficients(th, n=200, dim=1)
+    np.testing.assert_array_equal(c.coefficients_, mk().fit(x).coefficients_)  # identity on real coefficients
+    with pytest.raises(ValueError, match="entries"):
+        mk().fit_from_coefficients(th[:-1], n=200, dim=1)

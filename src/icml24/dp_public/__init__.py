@@ -18,6 +18,7 @@ from icml24.dp_public.mean_estimation import (
     privunitg_mse,
     privunitg_params,
     project_to_unit_ball,
+    sanitize_private_rows,
     throw_away_mean,
     treat_as_private_mean,
     weighted_mean,
@@ -33,6 +34,7 @@ from icml24.dp_public.semi_dp import (
     noise_multiplier_for,
     per_sample_grads,
     poisson_sample,
+    sanitize_grad_samples,
     train_semi_dp,
 )
 
@@ -50,6 +52,7 @@ __all__ = [
     "privunitg_mse",
     "privunitg_params",
     "project_to_unit_ball",
+    "sanitize_private_rows",
     "throw_away_mean",
     "treat_as_private_mean",
     "weighted_mean",
@@ -63,5 +66,6 @@ __all__ = [
     "noise_multiplier_for",
     "per_sample_grads",
     "poisson_sample",
+    "sanitize_grad_samples",
     "train_semi_dp",
 ]

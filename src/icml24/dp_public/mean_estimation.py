@@ -14,6 +14,13 @@ sensitivity 2/n_priv) and inverse-variance weighting with the public mean:
 Local model: private users send PrivUnitG reports z_i (Asi, Feldman, Talwar 2022), public users send x_i,
 and the server forms the per-sample inverse-variance weighted average. The baselines are "throw away the
 private data" (r = 1) and "treat the public data as private" (the same mechanism on all n samples).
+
+Neighbouring relation: replace-one (data sets of the same public size n_priv that differ in one record), for
+every estimator here. Private records are never checked: every private row x is first mapped by the fixed
+rule :func:`sanitize_private_rows` (non-finite entries -> 0, then projection onto the unit ball), applied to
+every row whatever its value, so each released statistic sees rows of norm <= 1 and the sensitivity 2/n
+holds for any input; no exception, warning or branch depends on a private value (an exception would itself
+be a data-dependent release). Shapes, dtypes and devices (public facts) are still checked.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from icml24.common import validate as val
 __all__ = [
     "gaussian_noise_std",
     "project_to_unit_ball",
+    "sanitize_private_rows",
     "central_variances",
     "optimal_public_weight",
     "central_mse",
@@ -48,22 +56,22 @@ __all__ = [
 ]
 
 Mechanism = Literal["analytic", "classic"]
-_NORM_TOL = 1e-6
 
 
 # --------------------------------------------------------------------------------------------- validation
-def _check_tensor(x: torch.Tensor, name: str, where: str, *, min_rows: int = 1) -> None:
+def _check_tensor(x: torch.Tensor, name: str, where: str, *, min_rows: int = 1, private: bool = False) -> None:
+    """Shape/dtype checks; values (NaN/inf) are checked only for public tensors (``private=False``)."""
     val.tensor(where, name, x, floating=True)
     if x.dim() < 2:
         raise ValueError(f"{where}: {name} must have shape (..., n, d), got {tuple(x.shape)}")
     if x.shape[-2] < min_rows:
         raise ValueError(f"{where}: {name} needs at least {min_rows} samples, got {x.shape[-2]}")
-    if not torch.isfinite(x).all():
+    if not private and not torch.isfinite(x).all():
         raise ValueError(f"{where}: {name} contains NaN or inf")
 
 
 def _check_pair(x_priv: torch.Tensor, x_pub: torch.Tensor, where: str) -> None:
-    _check_tensor(x_priv, "x_priv", where)
+    _check_tensor(x_priv, "x_priv", where, private=True)
     _check_tensor(x_pub, "x_pub", where)
     if x_pub.shape[-1] != x_priv.shape[-1]:
         raise ValueError(f"{where}: public data has dimension {x_pub.shape[-1]} but private data has "
@@ -73,13 +81,6 @@ def _check_pair(x_priv: torch.Tensor, x_pub: torch.Tensor, where: str) -> None:
                          f"{tuple(x_priv.shape[:-2])}")
     if x_pub.device != x_priv.device:
         raise ValueError(f"{where}: x_pub is on {x_pub.device} but x_priv is on {x_priv.device}")
-
-
-def _check_unit_ball(x: torch.Tensor, name: str, where: str) -> None:
-    n = x.norm(dim=-1).max().item() if x.numel() else 0.0
-    if n > 1.0 + _NORM_TOL:
-        raise ValueError(f"{where}: every row of {name} must have L2 norm <= 1 (the privacy guarantee assumes "
-                         f"it); max norm is {n:.4g}. Use project_to_unit_ball first.")
 
 
 def _check_v(v: float | None, where: str) -> None:
@@ -131,6 +132,25 @@ def project_to_unit_ball(x: torch.Tensor) -> torch.Tensor:
     """Rows of ``x`` (shape (..., d)) scaled to L2 norm <= 1 (identity inside the ball)."""
     val.tensor("project_to_unit_ball", "x", x)
     return x / x.norm(dim=-1, keepdim=True).clamp(min=1.0)
+
+
+def sanitize_private_rows(x: torch.Tensor) -> torch.Tensor:
+    """The fixed rule every private row goes through before any release: s(x) = Π_B(x with its non-finite
+    entries set to 0), Π_B the projection onto the unit L2 ball (identity inside it).
+
+    The rule is applied to every row whatever its value (no branch, warning or exception depends on a
+    private value) and ||s(x)|| <= 1 for every x, so the replace-one L2 sensitivity of the mean of s(x_i) is
+    2/n for arbitrary inputs. A row whose norm overflows to inf (e.g. 1e30 in float32) maps to 0, which is
+    still in the ball. On rows already in the ball with finite entries s is the identity.
+
+    Args:
+        x: (..., d) floating tensor.
+    """
+    val.tensor("sanitize_private_rows", "x", x, floating=True)
+    x = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    norm = x.norm(dim=-1, keepdim=True)
+    scaled = x / norm.clamp(min=1.0)
+    return torch.where(torch.isfinite(norm), scaled, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def central_variances(*, n_pub: int, n_priv: int, dim: int, v: float, epsilon: float, delta: float,
@@ -207,22 +227,20 @@ def treat_as_private_mean(x_priv: torch.Tensor, x_pub: torch.Tensor, *, epsilon:
                           generator: torch.Generator | None = None) -> torch.Tensor:
     """Baseline "treat the public data as private": Gaussian mechanism on the mean of all n samples.
 
-    Privacy: (ε, δ)-DP w.r.t. every sample (hence w.r.t. X_priv) under replace-one adjacency, provided every
-    row of x_priv and x_pub has L2 norm <= 1 (checked) and the noise is fresh (Δ2 = 2/n).
+    Privacy: (ε, δ)-DP w.r.t. every sample (hence w.r.t. X_priv) under replace-one adjacency, for any input:
+    every row of x_priv and x_pub (all treated as private) goes through :func:`sanitize_private_rows`
+    (non-finite entries -> 0, projection onto the unit ball), so Δ2 = 2/n; the noise must be fresh.
 
     Args:
-        x_priv: (..., n_priv, d) private samples, ||x|| <= 1.
-        x_pub: (..., n_pub, d) public samples, ||x|| <= 1.
+        x_priv: (..., n_priv, d) private samples (rows outside the unit ball are projected onto it).
+        x_pub: (..., n_pub, d) public samples, treated as private (same rule).
         epsilon, delta, mechanism: see :func:`gaussian_noise_std`.
         generator: torch generator for the noise (on the device of the inputs).
     """
     where = "treat_as_private_mean"
     val.privacy_budget(where, epsilon, delta)
     _check_pair(x_priv, x_pub, where)
-    _check_unit_ball(x_priv, "x_priv", where)
-    _check_unit_ball(x_pub, "x_pub", where)
-    # the check tolerates norms up to 1 + 1e-6; projecting makes Δ2 = 2/n exact (identity inside the ball)
-    x = torch.cat([project_to_unit_ball(x_pub), project_to_unit_ball(x_priv)], dim=-2)
+    x = torch.cat([sanitize_private_rows(x_pub), sanitize_private_rows(x_priv)], dim=-2)
     sigma = gaussian_noise_std(sensitivity=2.0 / x.shape[-2], epsilon=epsilon, delta=delta, mechanism=mechanism)
     return _noisy_mean(x, sigma, generator)
 
@@ -231,13 +249,13 @@ def private_only_mean(x_priv: torch.Tensor, *, epsilon: float, delta: float, mec
                       generator: torch.Generator | None = None) -> torch.Tensor:
     """Noisy private mean mean(X_priv) + N(0, σ² I), Δ2 = 2/n_priv.
 
-    Privacy: (ε, δ)-DP w.r.t. X_priv (replace-one) if every private row has L2 norm <= 1 (checked).
+    Privacy: (ε, δ)-DP w.r.t. X_priv (replace-one) for any input: the rows go through
+    :func:`sanitize_private_rows` first (non-finite entries -> 0, projection onto the unit ball).
     """
     where = "private_only_mean"
     val.privacy_budget(where, epsilon, delta)
-    _check_tensor(x_priv, "x_priv", where)
-    _check_unit_ball(x_priv, "x_priv", where)
-    x_priv = project_to_unit_ball(x_priv)  # makes Δ2 = 2/n_priv exact despite the check's 1e-6 tolerance
+    _check_tensor(x_priv, "x_priv", where, private=True)
+    x_priv = sanitize_private_rows(x_priv)
     sigma = gaussian_noise_std(sensitivity=2.0 / x_priv.shape[-2], epsilon=epsilon, delta=delta,
                                mechanism=mechanism)
     return _noisy_mean(x_priv, sigma, generator)
@@ -255,12 +273,13 @@ def weighted_mean(x_priv: torch.Tensor, x_pub: torch.Tensor, *, epsilon: float, 
                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The semi-DP weighted estimator mu_hat = r mean(X_pub) + (1 − r)(mean(X_priv) + N(0, σ² I)).
 
-    Privacy: (ε, δ)-DP w.r.t. X_priv for every fixed X_pub (semi-DP, replace-one adjacency), provided every
-    private row has L2 norm <= 1 (checked). The weight r depends on the public data and on (n, d, ε, δ) only,
-    never on X_priv, so it is post-processing.
+    Privacy: (ε, δ)-DP w.r.t. X_priv for every fixed X_pub (semi-DP, replace-one adjacency) for any private
+    input: every private row goes through :func:`sanitize_private_rows` (non-finite entries -> 0, projection
+    onto the unit ball) before the mean, so Δ2 = 2/n_priv. The weight r depends on the public data and on
+    (n, d, ε, δ) only, never on X_priv, so it is post-processing.
 
     Args:
-        x_priv: (..., n_priv, d) private samples, ||x|| <= 1.
+        x_priv: (..., n_priv, d) private samples (the rule above is applied to every row).
         x_pub: (..., n_pub, d) public samples (same d).
         epsilon: ε > 0.
         delta: δ in (0, 1).
@@ -279,8 +298,7 @@ def weighted_mean(x_priv: torch.Tensor, x_pub: torch.Tensor, *, epsilon: float, 
     _check_v(v, where)
     if r is not None:
         val.probability(where, "r", r)
-    _check_unit_ball(x_priv, "x_priv", where)
-    x_priv = project_to_unit_ball(x_priv)  # makes Δ2 = 2/n_priv exact despite the check's 1e-6 tolerance
+    x_priv = sanitize_private_rows(x_priv)
     n_pub, n_priv, d = x_pub.shape[-2], x_priv.shape[-2], x_pub.shape[-1]
     sigma = gaussian_noise_std(sensitivity=2.0 / n_priv, epsilon=epsilon, delta=delta, mechanism=mechanism)
     batch = x_pub.shape[:-2]
@@ -364,11 +382,12 @@ def privunitg(x: torch.Tensor, *, epsilon: float, generator: torch.Generator | N
     probability p, on t < γ otherwise.
 
     Privacy: each output row is ε-LDP w.r.t. its input row (for any two inputs in the unit ball the output
-    densities differ by at most e^ε = p(1 − q)/(q(1 − p))), provided ||x|| <= 1 (checked) and fresh
-    randomness per report.
+    densities differ by at most e^ε = p(1 − q)/(q(1 − p))) for any input, given fresh randomness per report:
+    every row first goes through :func:`sanitize_private_rows` (non-finite entries -> 0, projection onto the
+    unit ball); nothing is raised on a row's value.
 
     Args:
-        x: (..., d) inputs, d >= 2.
+        x: (..., d) private inputs, d >= 2.
         epsilon: ε > 0.
         generator: torch generator (on the device of ``x``).
         params: precomputed :func:`privunitg_params` for this ε (optional).
@@ -378,13 +397,11 @@ def privunitg(x: torch.Tensor, *, epsilon: float, generator: torch.Generator | N
     val.tensor(where, "x", x, floating=True)
     if x.dim() < 1 or x.shape[-1] < 2:
         raise ValueError(f"{where}: x must have shape (..., d) with d >= 2, got {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
-        raise ValueError(f"{where}: x contains NaN or inf")
-    _check_unit_ball(x, "x", where)
     if params is None:
         params = privunitg_params(epsilon=epsilon)
     elif abs(params.epsilon - epsilon) > 1e-12:
         raise ValueError(f"{where}: params were solved for epsilon={params.epsilon}, not {epsilon}")
+    x = sanitize_private_rows(x)
     kw = {"generator": generator, "dtype": x.dtype, "device": x.device}
     norm = x.norm(dim=-1, keepdim=True)
     u = x / norm.clamp(min=torch.finfo(x.dtype).tiny)

@@ -9,8 +9,14 @@ One step mixes a DP-SGD gradient of a Poisson-sampled private batch with a publi
     g_pub  = (1/|B_pub|) Σ_{i in B_pub} clip_C(∇ℓ(w; x_i))                     (clipping optional)
     w     <- w − η (β g_priv + (1 − β) g_pub).
 
-Only the private batches touch the privacy accountant (Opacus RDP/PRV/GDP accountant, extra ``dp``).
+Only the private batches touch the privacy accountant (Opacus RDP/PRV accountant, extra ``dp``).
 Per-sample gradients come from ``torch.func`` (vmap of grad).
+
+Neighbouring relation: add/remove one private record (Poisson subsampling, as Opacus accounts it); the mean
+estimators of :mod:`icml24.dp_public.mean_estimation` use replace-one instead. No exception depends on a
+private value: non-finite private inputs/targets are set to 0 and a private per-sample gradient with a
+non-finite entry is replaced by the zero gradient (both fixed rules applied to every record), so the
+clipped contribution of each record still has norm <= C.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from icml24.common import validate as v
 __all__ = [
     "per_sample_grads",
     "clip_and_sum",
+    "sanitize_grad_samples",
     "SemiDPSGD",
     "make_public_only_sgd",
     "make_dp_sgd",
@@ -40,7 +47,7 @@ __all__ = [
     "train_semi_dp",
 ]
 
-AccountantName = Literal["rdp", "prv", "gdp"]
+AccountantName = Literal["rdp", "prv"]
 _CLIP_EPS = 1e-6  # same stabiliser as Opacus' DPOptimizer.clip_and_accumulate
 
 
@@ -55,10 +62,21 @@ def _import_opacus():
     return create_accountant, get_noise_multiplier
 
 
+def _check_accountant(where: str, accountant: object, *, allow_none: bool = False) -> None:
+    """"rdp" or "prv" (or None when allowed). "gdp" is refused: Opacus' Gaussian-DP accountant is a central-limit
+    approximation that can under-estimate ε (Opacus itself warns "GDP accounting is experimental and can
+    underestimate privacy expenditure", arXiv:2106.02848), so it cannot back the (ε, δ) guarantee promised here."""
+    if accountant == "gdp":
+        raise ValueError(f"{where}: accountant='gdp' is refused: Gaussian-DP accounting is a central-limit "
+                         "approximation that can under-estimate epsilon (Opacus warns the same), so it does not "
+                         "give the (epsilon, delta) guarantee documented here; use 'rdp' or 'prv'")
+    v.one_of(where, "accountant", accountant, ("rdp", "prv", None) if allow_none else ("rdp", "prv"))
+
+
 def _check_accounting(where: str, *, sample_rate: float, steps: int, accountant: str) -> None:
     v.in_range(where, "sample_rate", sample_rate, 0.0, 1.0, low_open=True)
     v.integer(where, "steps", steps, minimum=1)
-    v.one_of(where, "accountant", accountant, ("rdp", "prv", "gdp"))
+    _check_accountant(where, accountant)
 
 
 # ------------------------------------------------------------------------------------ per-sample gradients
@@ -108,6 +126,28 @@ def clip_and_sum(grad_samples: Sequence[torch.Tensor], *, max_grad_norm: float) 
     return [torch.einsum("i,i...", factor.to(g.dtype), g) for g in grad_samples]
 
 
+def sanitize_grad_samples(grad_samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-sample gradients with every sample that has a non-finite entry (in any parameter) replaced by zeros.
+
+    The rule applied to private per-sample gradients before clipping (no exception on a private value); it acts
+    on each sample separately, so it keeps the per-record sensitivity of the clipped sum.
+
+    Args:
+        grad_samples: one (B, *p.shape) tensor per parameter.
+    """
+    b = grad_samples[0].shape[0]
+    if b == 0:
+        return list(grad_samples)
+    ok = torch.ones(b, dtype=torch.bool, device=grad_samples[0].device)
+    for g in grad_samples:
+        ok &= torch.isfinite(g.reshape(b, -1)).all(dim=1)
+    out = []
+    for g in grad_samples:
+        mask = ok.reshape((b,) + (1,) * (g.dim() - 1))
+        out.append(torch.where(mask, g, torch.zeros((), dtype=g.dtype, device=g.device)))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ optimizer
 class SemiDPSGD(torch.optim.Optimizer):
     """Semi-DP SGD (Lowy et al. 2024, Alg. 1 of the official code): w <- w − η (β g_priv + (1 − β) g_pub).
@@ -135,7 +175,9 @@ class SemiDPSGD(torch.optim.Optimizer):
         clip_public: clip public per-sample gradients to C too (official code: yes).
         momentum: heavy-ball momentum in [0, 1) applied to the mixed gradient.
         weight_decay: L2 weight decay >= 0 added to the mixed gradient.
-        accountant: ``"rdp"``, ``"prv"``, ``"gdp"`` (Opacus) or ``None`` (no accounting).
+        accountant: ``"rdp"`` or ``"prv"`` (Opacus; both are upper bounds on ε) or ``None`` (no accounting).
+            ``"gdp"`` is refused with a ``ValueError``: Gaussian-DP accounting is a central-limit approximation
+            that can under-estimate ε (Opacus warns the same), so it cannot back an (ε, δ) guarantee.
         generator: torch generator for the noise (on the parameters' device); ``None`` uses the global one.
     """
 
@@ -152,7 +194,7 @@ class SemiDPSGD(torch.optim.Optimizer):
         v.in_range(w, "sample_rate", sample_rate, 0.0, 1.0, low_open=True)
         v.in_range(w, "momentum", momentum, 0.0, 1.0, high_open=True)
         v.non_negative(w, "weight_decay", weight_decay)
-        v.one_of(w, "accountant", accountant, ("rdp", "prv", "gdp", None))
+        _check_accountant(w, accountant, allow_none=True)
         super().__init__(params, {"lr": float(lr), "momentum": float(momentum),
                                   "weight_decay": float(weight_decay)})
         self.beta = float(beta)
@@ -172,7 +214,8 @@ class SemiDPSGD(torch.optim.Optimizer):
     def params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"]]
 
-    def _check_grads(self, gs: Sequence[torch.Tensor], name: str) -> int:
+    def _check_grads(self, gs: Sequence[torch.Tensor], name: str, *, private: bool = False) -> int:
+        """Shapes always; values (NaN/inf) only for public gradients (a private value must never raise)."""
         ps = self.params
         if len(gs) != len(ps):
             raise ValueError(f"SemiDPSGD.step: {name} has {len(gs)} tensors but the optimizer has {len(ps)} "
@@ -182,12 +225,18 @@ class SemiDPSGD(torch.optim.Optimizer):
             if tuple(g.shape[1:]) != tuple(p.shape) or g.shape[0] != b:
                 raise ValueError(f"SemiDPSGD.step: {name}[{i}] must have shape (B, *{tuple(p.shape)}) with a "
                                  f"common B, got {tuple(g.shape)}")
-            if not torch.isfinite(g).all():
+            if not private and not torch.isfinite(g).all():
                 raise ValueError(f"SemiDPSGD.step: {name}[{i}] contains NaN or inf")
         return b
 
     def private_gradient(self, private_grad_samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """g_priv = (Σ clip_C(g_i) + N(0, σ² C² I)) / b: clip, noise (one draw per parameter, in order), scale."""
+        """g_priv = (Σ clip_C(s(g_i)) + N(0, σ² C² I)) / b: clip, noise (one draw per parameter, in order), scale.
+
+        s(g_i) is the fixed rule applied to every private sample: g_i itself when all its entries (across all
+        parameters) are finite, the zero gradient otherwise. A record's contribution has norm <= C either way,
+        so the add/remove sensitivity C of the clipped sum holds for any private data.
+        """
+        private_grad_samples = sanitize_grad_samples(private_grad_samples)
         summed = clip_and_sum(private_grad_samples, max_grad_norm=self.max_grad_norm)
         std = self.noise_multiplier * self.max_grad_norm
         out = []
@@ -213,13 +262,25 @@ class SemiDPSGD(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: None = None, *, private_grad_samples: Sequence[torch.Tensor] | None = None,
              public_grad_samples: Sequence[torch.Tensor] | None = None) -> None:
-        """One update; see the class docstring. Validates every input before changing any state."""
+        """One update; see the class docstring. Validates every input before changing any state.
+
+        Opacus convention: called with no per-sample arguments (a plain ``optimizer.step()``), the private
+        per-sample gradients are read from ``p.grad_sample`` (set by an Opacus ``GradSampleModule`` on the
+        backward pass of the private batch; use ``loss_reduction="mean"`` there with a mean loss, or "sum"
+        with a summed loss, so that ``grad_sample`` holds per-sample gradients of the per-sample losses) and
+        the public ones from :meth:`capture_public`; both are cleared after the step.
+        """
         if closure is not None:
             raise TypeError("SemiDPSGD.step: closures are not supported; pass per-sample gradients")
+        from_module = private_grad_samples is None and public_grad_samples is None
+        if from_module:
+            private_grad_samples = self._read_grad_samples()
+            public_grad_samples = self._public_stash
         if private_grad_samples is None and public_grad_samples is None:
-            raise ValueError("SemiDPSGD.step: pass private_grad_samples, public_grad_samples or both")
+            raise ValueError("SemiDPSGD.step: pass private_grad_samples, public_grad_samples or both (or run a "
+                             "backward pass through an Opacus GradSampleModule first)")
         if private_grad_samples is not None:
-            self._check_grads(private_grad_samples, "private_grad_samples")
+            self._check_grads(private_grad_samples, "private_grad_samples", private=True)
         if public_grad_samples is not None:
             self._check_grads(public_grad_samples, "public_grad_samples")
         g_priv = self.private_gradient(private_grad_samples) if private_grad_samples is not None else None
@@ -249,6 +310,45 @@ class SemiDPSGD(torch.optim.Optimizer):
             self.private_steps += 1
             if self.accountant is not None:
                 self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+        if from_module:
+            self._clear_grad_samples()
+
+    # ---------------------------------------------------------------------------- Opacus grad_sample path
+    def _read_grad_samples(self) -> list[torch.Tensor] | None:
+        gs = [getattr(p, "grad_sample", None) for p in self.params]
+        if all(g is None for g in gs):
+            return None
+        if any(g is None for g in gs) or any(not isinstance(g, torch.Tensor) for g in gs):
+            raise ValueError("SemiDPSGD.step: every parameter of the optimizer needs a tensor p.grad_sample (one "
+                             "backward pass through an Opacus GradSampleModule; pass only trainable parameters)")
+        return gs
+
+    def _clear_grad_samples(self) -> None:
+        for p in self.params:
+            if hasattr(p, "grad_sample"):
+                p.grad_sample = None
+        self._public_stash = None
+
+    _public_stash: list[torch.Tensor] | None = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """``torch.optim.Optimizer.zero_grad`` that also clears ``p.grad_sample`` and the captured public
+        gradients (as Opacus' ``DPOptimizer.zero_grad``), so per-sample gradients never leak into the next step."""
+        super().zero_grad(set_to_none=set_to_none)
+        self._clear_grad_samples()
+
+    def capture_public(self) -> None:
+        """Move the current ``p.grad_sample`` (from a backward pass of the *public* batch through an Opacus
+        ``GradSampleModule``) aside as the public per-sample gradients of the next plain ``step()``; the
+        private batch's backward pass then fills ``p.grad_sample`` again."""
+        gs = self._read_grad_samples()
+        if gs is None:
+            raise ValueError("SemiDPSGD.capture_public: no p.grad_sample to capture; run the public batch's "
+                             "backward pass through an Opacus GradSampleModule first")
+        self._check_grads(gs, "public grad_sample")
+        self._public_stash = [g.detach().clone() for g in gs]
+        for p in self.params:
+            p.grad_sample = None
 
     def get_epsilon(self, delta: float) -> float:
         """ε spent so far on the private data at this δ (Opacus accountant; 0 before any private step)."""
@@ -412,9 +512,12 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
     data: the public data treated as private). σ is calibrated with :func:`noise_multiplier_for` for
     (ε, δ, q = b/n, T = ``steps``).
 
-    Privacy: ``semi_dp`` and ``dp_sgd_all`` are (ε, δ)-DP w.r.t. the private data (semi-DP) under the
-    preconditions of :class:`SemiDPSGD` (per-example losses, Poisson sampling, fixed σ, C, q); ``public_only``
-    does not touch it. Hyper-parameter selection on data is not accounted for.
+    Privacy: ``semi_dp`` and ``dp_sgd_all`` are (ε, δ)-DP w.r.t. the private data (semi-DP, add/remove
+    neighbours) under the preconditions of :class:`SemiDPSGD` (per-example losses, Poisson sampling, fixed
+    σ, C, q); ``public_only`` does not touch it. Hyper-parameter selection on data is not accounted for.
+    Private values never raise: non-finite entries of floating ``x_priv``/``y_priv`` are set to 0 (a fixed
+    rule on every entry) and non-finite private per-sample gradients to 0 (:func:`sanitize_grad_samples`);
+    public data with NaN/inf is refused.
 
     Args:
         model: network on the device of the data; trained in place.
@@ -435,11 +538,13 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
     where = "train_semi_dp"
     v.one_of(where, "mode", mode, ("semi_dp", "public_only", "dp_sgd_all"))
     v.privacy_budget(where, epsilon, delta)
+    _check_accountant(where, accountant)
     v.probability(where, "beta", beta)
     v.positive(where, "max_grad_norm", max_grad_norm)
     v.integer(where, "steps", steps, minimum=1)
     for name, t in (("x_priv", x_priv), ("y_priv", y_priv), ("x_pub", x_pub), ("y_pub", y_pub)):
         v.tensor(where, name, t)
+    for name, t in (("x_pub", x_pub), ("y_pub", y_pub)):  # public: a value check is allowed
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise ValueError(f"{where}: {name} contains NaN or inf")
     if x_pub.shape[1:] != x_priv.shape[1:]:
@@ -451,6 +556,9 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
         raise ValueError(f"{where}: public and private data must be non-empty")
     if public_batch_size is not None:
         v.integer(where, "public_batch_size", public_batch_size, minimum=1)
+    # private data: a fixed rule on every entry instead of an exception (non-finite -> 0)
+    x_priv, y_priv = (torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) if t.is_floating_point() else t
+                      for t in (x_priv, y_priv))
 
     params = [p for p in model.parameters() if p.requires_grad]
     n_pub = len(x_pub)

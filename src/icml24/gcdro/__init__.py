@@ -16,12 +16,15 @@ from icml24.gcdro.core import (
     laplacian_apply,
     upwind_flux,
 )
-from icml24.gcdro.estimator import DRORegressor, GCDRORegressor
+from icml24.gcdro.estimator import GCDROREGRESSOR_SKIPS, DRORegressor, GCDRORegressor
 from icml24.gcdro.simulate import corrupt_labels, selection_bias_regression, subpopulation_regression
+from icml24.gcdro.weighter import GCDROWeighter
 
 __all__ = [
     "GCDRORegressor",
     "DRORegressor",
+    "GCDROWeighter",
+    "GCDROREGRESSOR_SKIPS",
     "EdgeList",
     "knn_graph",
     "graph_laplacian",

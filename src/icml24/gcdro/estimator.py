@@ -13,26 +13,39 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.utils.validation import check_array, check_is_fitted, check_X_y
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted
+
+try:  # scikit-learn >= 1.6
+    from sklearn.utils.validation import validate_data as _validate_data
+except ImportError:  # pragma: no cover - older scikit-learn
+    def _validate_data(est, X, y="no_validation", **kw):
+        return est._validate_data(X, y, **kw)
 
 from icml24.common import validate as v
 from icml24.gcdro import core
 
-__all__ = ["GCDRORegressor", "DRORegressor"]
+__all__ = ["GCDRORegressor", "DRORegressor", "GCDROREGRESSOR_SKIPS"]
+
+GCDROREGRESSOR_SKIPS = {
+    "check_sample_weight_equivalence_on_dense_data":
+        "the kNN graph and the flow's entropy are built on the unweighted sample (a repeated row is a new "
+        "node); sample_weight only tilts the worst case, so weights are not equivalent to repeated rows",
+}
+"""``expected_failed_checks`` for ``sklearn.utils.estimator_checks.check_estimator(GCDRORegressor(...))``."""
 
 _METHODS = ("erm", "kl", "chi2", "cvar")
 _KL_MIN_TEMPERATURE = core.KL_MIN_TEMPERATURE  # smaller λ makes ℓ/λ overflow (NaN weights mid-training)
 
 
-def _validate_xy(X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Shape / NaN checks with messages naming the argument, then sklearn's check_X_y."""
+def _validate_xy(est: BaseEstimator, X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Shape / NaN checks with messages naming the argument, then sklearn's validate_data (sets n_features_in_)."""
     xa, ya = np.asarray(X), np.asarray(y)
     if xa.ndim >= 1 and ya.ndim >= 1 and xa.shape[0] != ya.shape[0]:
         raise ValueError(f"gcdro: X and y must have the same number of samples, got {xa.shape[0]} and {ya.shape[0]}")
     for name, a in (("X", xa), ("y", ya)):
         if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
             raise ValueError(f"gcdro: {name} contains NaN or inf")
-    return check_X_y(X, y, dtype=np.float64, y_numeric=True)
+    return _validate_data(est, X, y, dtype=np.float64, y_numeric=True, reset=True)
 
 
 def _check_common(est: _BaseWeightedRegressor) -> None:
@@ -54,12 +67,29 @@ class _BaseWeightedRegressor(RegressorMixin, BaseEstimator):
                 m = torch.nn.Sequential(torch.nn.Linear(d, self.hidden), torch.nn.ReLU(), torch.nn.Linear(self.hidden, 1))
         return m.to(device=self.device, dtype=torch.float64)
 
-    def _prepare(self, X: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        X, y = _validate_xy(X, y)
-        self.n_features_in_ = X.shape[1]
-        self.x_mean_, self.x_scale_ = X.mean(0), X.std(0)
+    def _prepare(self, X: Any, y: Any, sample_weight: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        X, y = _validate_xy(self, X, y)
+        if X.shape[0] < 2:
+            raise ValueError(f"gcdro: fitting needs n_samples >= 2, got n_samples={X.shape[0]}")
+        if sample_weight is not None:
+            sw = np.asarray(sample_weight)
+            if sw.dtype.kind in "fc" and not np.all(np.isfinite(sw)):
+                raise ValueError("gcdro: sample_weight contains NaN or inf")
+        sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        if sw.sum() <= 0:
+            raise ValueError("gcdro: sample_weight must have a positive sum")
+        p = sw / sw.sum()  # the weighted empirical distribution p̂
+        self._uniform_p = bool(np.all(sw == sw[0]))
+        if self._uniform_p:  # the unweighted formulas (bit-identical to fits without sample_weight)
+            self.x_mean_, self.x_scale_ = X.mean(0), X.std(0)
+            self.y_mean_, self.y_scale_ = float(y.mean()), float(y.std()) or 1.0
+        else:
+            self.x_mean_ = p @ X
+            self.x_scale_ = np.sqrt(p @ (X - self.x_mean_) ** 2)
+            self.y_mean_ = float(p @ y)
+            self.y_scale_ = float(np.sqrt(p @ (y - self.y_mean_) ** 2)) or 1.0
         self.x_scale_[self.x_scale_ == 0] = 1.0
-        self.y_mean_, self.y_scale_ = float(y.mean()), float(y.std()) or 1.0
+        self._p = torch.as_tensor(p, dtype=torch.float64, device=self.device)
         xs = (X - self.x_mean_) / self.x_scale_
         ys = (y - self.y_mean_) / self.y_scale_
         return (torch.as_tensor(xs, dtype=torch.float64, device=self.device),
@@ -69,8 +99,21 @@ class _BaseWeightedRegressor(RegressorMixin, BaseEstimator):
         raise NotImplementedError
 
     def _scaled(self, losses: torch.Tensor) -> torch.Tensor:
-        # NOTE(deviation): losses are divided by their mean before weighting, so λ, α, β are scale-free.
-        return losses / losses.mean().clamp_min(1e-12) if self.normalize_loss else losses
+        # NOTE(deviation): losses are divided by their (p̂-weighted) mean before weighting, so λ, α, β are
+        # scale-free.
+        if not self.normalize_loss:
+            return losses
+        mean = losses.mean() if self._uniform_p else self._p @ losses
+        return losses / mean.clamp_min(1e-12)
+
+    def _reweighted(self, losses: torch.Tensor) -> torch.Tensor:
+        """Worst-case weights q of the method, tilted by the sample weights: q_i ∝ p̂_i n q_i (identity for
+        uniform sample weights)."""
+        if self._uniform_p:
+            return self._weights(self._scaled(losses))
+        losses = torch.where(self._p > 0, losses, torch.zeros_like(losses))  # rows without mass play no part
+        q = self._weights(self._scaled(losses)) * self._p
+        return q / q.sum()
 
     def _train(self, xt: torch.Tensor, yt: torch.Tensor) -> None:
         gen = torch.Generator().manual_seed(0 if self.random_state is None else int(self.random_state))
@@ -78,13 +121,14 @@ class _BaseWeightedRegressor(RegressorMixin, BaseEstimator):
         opt = torch.optim.Adam(self.model_.parameters(), lr=self.lr)
         for _ in range(self.max_iter):
             losses = (self.model_(xt).squeeze(-1) - yt) ** 2
-            q = self._weights(self._scaled(losses.detach()))
+            q = self._reweighted(losses.detach())
             opt.zero_grad(set_to_none=True)
             (q * losses).sum().backward()
             opt.step()
+        self.n_iter_ = int(self.max_iter)
         with torch.no_grad():
             losses = (self.model_(xt).squeeze(-1) - yt) ** 2
-            self.weights_ = self._weights(self._scaled(losses)).cpu().numpy()
+            self.weights_ = self._reweighted(losses).cpu().numpy()
             self.train_losses_ = (losses * self.y_scale_ ** 2).cpu().numpy()
 
     def predict(self, X: Any) -> np.ndarray:
@@ -93,9 +137,7 @@ class _BaseWeightedRegressor(RegressorMixin, BaseEstimator):
         xa = np.asarray(X)
         if xa.dtype.kind in "fc" and not np.all(np.isfinite(xa)):
             raise ValueError("gcdro: X contains NaN or inf")
-        X = check_array(X, dtype=np.float64)
-        if X.shape[1] != self.n_features_in_:
-            raise ValueError(f"gcdro: X has {X.shape[1]} features, the model was fitted with {self.n_features_in_}")
+        X = _validate_data(self, X, dtype=np.float64, reset=False)  # "X has k features, but ... is expecting d"
         xt = torch.as_tensor((X - self.x_mean_) / self.x_scale_, dtype=torch.float64, device=self.device)
         with torch.no_grad():
             out = self.model_(xt).squeeze(-1).cpu().numpy()
@@ -109,6 +151,15 @@ class _BaseWeightedRegressor(RegressorMixin, BaseEstimator):
             raise AttributeError("gcdro: coef_ is only defined for model='linear'")
         w = self.model_.weight.detach().cpu().numpy().ravel()
         return w * self.y_scale_ / self.x_scale_
+
+    @property
+    def intercept_(self) -> float:
+        """Linear model only: the intercept in the original X/y units, so predict(X) = X @ coef_ + intercept_."""
+        check_is_fitted(self, "model_")
+        if self.model != "linear":
+            raise AttributeError("gcdro: intercept_ is only defined for model='linear'")
+        b = float(self.model_.bias.detach().cpu().numpy()[0])
+        return float(self.y_mean_ + self.y_scale_ * b - self.coef_ @ self.x_mean_)
 
 
 class GCDRORegressor(_BaseWeightedRegressor):
@@ -175,9 +226,17 @@ class GCDRORegressor(_BaseWeightedRegressor):
         v.integer("gcdro", "n_inner", self.n_inner, minimum=0)
         v.probability("gcdro", "step_scale", self.step_scale, open_low=True, open_high=True)
 
-    def fit(self, X: Any, y: Any) -> GCDRORegressor:
-        """Build the kNN graph of the training inputs and train the model on the GCDRO risk."""
-        xt, yt = self._prepare(X, y)
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> GCDRORegressor:
+        """Build the kNN graph of the training inputs and train the model on the GCDRO risk.
+
+        Args:
+            X: (n, d) inputs; y: (n,) targets.
+            sample_weight: optional non-negative weights s_i of the empirical distribution p̂_i = s_i / Σ s_j.
+                The standardisation and the loss normalisation use p̂, and the flow's worst case q is tilted by
+                it: q_i ← p̂_i q_i / Σ_j p̂_j q_j. NOTE(deviation): this is exact for uniform weights only; the
+                flow itself (graph, entropy) is still built on the unweighted sample.
+        """
+        xt, yt = self._prepare(X, y, sample_weight)
         self._check_params(xt.shape[0])
         z = xt.cpu().numpy()
         if self.use_y:
@@ -219,8 +278,17 @@ class DRORegressor(_BaseWeightedRegressor):
         self.random_state = random_state
         self.device = device
 
-    def fit(self, X: Any, y: Any) -> DRORegressor:
-        """Train the model on the ERM / KL / χ² / CVaR risk."""
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> DRORegressor:
+        """Train the model on the ERM / KL / χ² / CVaR risk.
+
+        Args:
+            X: (n, d) inputs; y: (n,) targets.
+            sample_weight: optional non-negative weights s_i of the empirical distribution p̂_i = s_i / Σ s_j.
+                The worst case q of the method is tilted by p̂: q_i ← p̂_i q_i / Σ_j p̂_j q_j. Exact for ERM
+                (weighted least squares) and KL (the KL worst case around p̂ is ∝ p̂_i exp(ℓ_i/λ)); for χ² and
+                CVaR a documented approximation (NOTE(deviation)). Integer weights equal repeated rows for
+                ERM and KL up to the optimiser's arithmetic.
+        """
         _check_common(self)
         v.one_of("gcdro", "method", self.method, _METHODS)
         v.positive("gcdro", "radius", self.radius)
@@ -229,7 +297,7 @@ class DRORegressor(_BaseWeightedRegressor):
             v.at_least("gcdro", "radius (KL temperature)", self.radius, _KL_MIN_TEMPERATURE)
         if self.method == "cvar":
             v.probability("gcdro", "radius (CVaR level)", self.radius, open_low=True)
-        xt, yt = self._prepare(X, y)
+        xt, yt = self._prepare(X, y, sample_weight)
         self._train(xt, yt)
         return self
 

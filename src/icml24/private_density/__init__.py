@@ -1,13 +1,16 @@
 """Private projection density estimation on [0,1]^d with a private Lepskii cutoff (Lalanne & Gadat, ICML 2024)."""
 
 from icml24.private_density.projection import (
+    CALIBRATED_KAPPA_PRIV,
     ZCDP,
     ApproxDP,
     Privacy,
     PrivateLepskiiDensity,
     PrivateProjectionDensity,
     PureDP,
+    ReproducibleNoiseWarning,
     TrigDensity,
+    clip_to_cube,
     cube_index_set,
     dyadic_cutoffs,
     empirical_coefficients,
@@ -29,6 +32,7 @@ __all__ = [
     "trig_basis",
     "trig_basis_1d",
     "empirical_coefficients",
+    "clip_to_cube",
     "l2_sensitivity",
     "l1_sensitivity",
     "noise_variance",
@@ -38,4 +42,6 @@ __all__ = [
     "PrivateProjectionDensity",
     "PrivateLepskiiDensity",
     "dyadic_cutoffs",
+    "ReproducibleNoiseWarning",
+    "CALIBRATED_KAPPA_PRIV",
 ]

@@ -26,6 +26,7 @@ from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult
 from icml24.common.seeding import numpy_generator, seed_everything
 from icml24.private_density.projection import (
+    CALIBRATED_KAPPA_PRIV,
     ZCDP,
     PrivateLepskiiDensity,
     TrigDensity,
@@ -61,7 +62,7 @@ class Config(ExperimentConfig):
     scheme: Literal["shell", "independent"] = field(default="shell", metadata=_h(
         "Lepskii budget split (notes §2.4 (b) shell / (a) independent)"))
     kappa_stat: float = field(default=1.0, metadata=_h("kappa_1, statistical Lepskii constant (notes §2.4)"))
-    kappa_priv: float = field(default=2.0, metadata=_h(
+    kappa_priv: float = field(default=CALIBRATED_KAPPA_PRIV, metadata=_h(
         "kappa_2, privacy-penalty constant (absorbs log(M/eta)); frozen from calibrate_kappa_priv on a held-out "
         "density (beta=1, seed 1000), see README"))
     decay_excess: float = field(default=0.0, metadata=_h(
