@@ -66,13 +66,13 @@ def test_mlp_rate_code_converges_to_ann():
 
 def test_vit_rate_code_approaches_ann_and_leaves_ann_untouched():
     vit = _vit()
-    x = torch.rand(16, 1, 8, 8, dtype=torch.float64)
+    x = torch.rand(8, 1, 8, 8, dtype=torch.float64)
     before = {k: v.clone() for k, v in vit.state_dict().items()}
     rc = rate_convert(vit, x, percentile=100.0)
     assert all(torch.equal(before[k], v) for k, v in vit.state_dict().items())
-    y = rate_simulate(rc, x, max_steps=256)
+    y = rate_simulate(rc, x, max_steps=64)
     err = (y - vit(x)).abs().amax(dim=(1, 2))
-    assert err[-1] < 0.25 * err[3]
+    assert err[-1] < 0.5 * err[3]
     assert {type(m).__name__ for _, m in rc.neurons()} == {"RateIFNeuron"}
     assert len(rc.neurons()) == len(quantizers(quantize(vit, level=4)))  # one IF neuron per SpikeZIP site
 
@@ -100,7 +100,7 @@ def test_negative_spike_ablation_split_signed_vs_unsigned():
     torch.manual_seed(1)
     vit = TinyViT(embed_dim=32, depth=2, num_heads=4, act_layer=nn.ReLU, norm_layer=partial(nn.LayerNorm, eps=1e-6))
     qann = quantize(vit, level=16)
-    x = torch.rand(200, 1, 8, 8)
+    x = torch.rand(64, 1, 8, 8)
     qann.train()
     qann(x)  # initialise the scales
     qann = qann.double().eval()
@@ -111,7 +111,7 @@ def test_negative_spike_ablation_split_signed_vs_unsigned():
         kinds = {m.neg_min < 0: m.negative_spikes for _, m in snn.neurons()}
         if isinstance(mode, str):
             assert kinds == {True: mode == "signed", False: mode == "unsigned"}
-        agree[mode] = (simulate(snn, x, max_steps=256).logits.argmax(-1) == ref).double().mean().item()
+        agree[mode] = (simulate(snn, x, max_steps=64).logits.argmax(-1) == ref).double().mean().item()
     assert agree[True] == 1.0
     assert agree["signed"] > agree["unsigned"] + 0.2  # losing them in signed neurons is far worse
     with pytest.raises(ValueError, match="negative_spikes"):
