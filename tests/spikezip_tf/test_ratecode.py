@@ -100,18 +100,18 @@ def test_negative_spike_ablation_split_signed_vs_unsigned():
     torch.manual_seed(1)
     vit = TinyViT(embed_dim=32, depth=2, num_heads=4, act_layer=nn.ReLU, norm_layer=partial(nn.LayerNorm, eps=1e-6))
     qann = quantize(vit, level=16)
-    x = torch.rand(64, 1, 8, 8)
+    x = torch.rand(32, 1, 8, 8)
     qann.train()
     qann(x)  # initialise the scales
     qann = qann.double().eval()
     ref = qann(x.double()).argmax(-1)
     agree = {}
-    for mode in (True, "signed", "unsigned", False):
+    for mode in (True, "signed", "unsigned"):
         snn = convert(qann, negative_spikes=mode)
         kinds = {m.neg_min < 0: m.negative_spikes for _, m in snn.neurons()}
         if isinstance(mode, str):
             assert kinds == {True: mode == "signed", False: mode == "unsigned"}
-        agree[mode] = (simulate(snn, x, max_steps=64).logits.argmax(-1) == ref).double().mean().item()
+        agree[mode] = (simulate(snn, x, max_steps=40).logits.argmax(-1) == ref).double().mean().item()
     assert agree[True] == 1.0
     assert agree["signed"] > agree["unsigned"] + 0.2  # losing them in signed neurons is far worse
     with pytest.raises(ValueError, match="negative_spikes"):
