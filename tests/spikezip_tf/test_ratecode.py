@@ -98,7 +98,7 @@ def test_rate_convert_errors():
 def test_negative_spike_ablation_split_signed_vs_unsigned():
     """Signed neurons need -1 spikes to represent negative values at all; unsigned ones only to undo overshoot."""
     torch.manual_seed(1)
-    vit = TinyViT(embed_dim=32, depth=2, num_heads=4, act_layer=nn.ReLU, norm_layer=partial(nn.LayerNorm, eps=1e-6))
+    vit = TinyViT(embed_dim=16, depth=1, num_heads=2, act_layer=nn.ReLU, norm_layer=partial(nn.LayerNorm, eps=1e-6))
     qann = quantize(vit, level=16)
     x = torch.rand(32, 1, 8, 8)
     qann.train()
