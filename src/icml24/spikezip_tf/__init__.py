@@ -15,6 +15,7 @@ from icml24.spikezip_tf.qann import (
     quantize,
     quantizers,
 )
+from icml24.spikezip_tf.ratecode import RateCodedModel, RateIFNeuron, rate_convert, rate_simulate
 from icml24.spikezip_tf.snn import (
     SimulationResult,
     SpikeConv2d,
@@ -38,4 +39,5 @@ __all__ = [
     "SimulationResult", "SpikeConv2d", "SpikeLinear", "SpikeMatmul", "SpikingAttention", "SpikingLayerNorm",
     "SpikingModel", "SpikingSoftmax", "STBIFNeuron", "convert", "count_macs", "register_runner", "simulate",
     "MaskedAttention", "TextBlock", "TinyTextEncoder",
+    "RateCodedModel", "RateIFNeuron", "rate_convert", "rate_simulate",
 ]

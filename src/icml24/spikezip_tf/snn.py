@@ -80,9 +80,16 @@ class STBIFNeuron(_Stateful):
         self.reset()
 
     @classmethod
-    def from_quantizer(cls, q: Quantizer, **kw) -> STBIFNeuron:
-        """The neuron that replaces quantizer ``q`` (threshold ``q.s``, tracer range ``[q.neg_min, q.pos_max]``)."""
-        return cls(threshold=q.s.detach(), pos_max=q.pos_max, neg_min=q.neg_min, **kw)
+    def from_quantizer(cls, q: Quantizer, *, negative_spikes: bool | str = True, **kw) -> STBIFNeuron:
+        """The neuron that replaces quantizer ``q`` (threshold ``q.s``, tracer range ``[q.neg_min, q.pos_max]``).
+
+        ``negative_spikes`` may also be ``"signed"`` / ``"unsigned"``: keep -1 spikes only if ``q`` is signed /
+        unsigned (the split ablations).
+        """
+        if isinstance(negative_spikes, str):
+            negative_spikes = q.sym if negative_spikes == "signed" else not q.sym
+        return cls(threshold=q.s.detach(), pos_max=q.pos_max, neg_min=q.neg_min, negative_spikes=negative_spikes,
+                   **kw)
 
     def extra_repr(self) -> str:
         return (f"threshold={float(self.threshold):.6g}, range=[{self.neg_min}, {self.pos_max}], "
@@ -378,7 +385,7 @@ def _convert_children(module: nn.Module, prefix: str, neuron_kw: dict) -> None:
 
 
 def convert(qann: nn.Module, *, dtype: torch.dtype | None = None, v_init: float = 0.5,
-            negative_spikes: bool = True) -> SpikingModel:
+            negative_spikes: bool | str = True) -> SpikingModel:
     """Convert a QANN (from :func:`quantize`, trained or not) into a :class:`SpikingModel`.
 
     Quantizer -> :class:`STBIFNeuron` (threshold = step ``s``); ``QAttention`` -> :class:`SpikingAttention`;
@@ -389,7 +396,10 @@ def convert(qann: nn.Module, *, dtype: torch.dtype | None = None, v_init: float 
         qann: a quantized ``TinyViT`` or ``TinyTextEncoder`` (or a type added with :func:`register_runner`).
         dtype: cast the spiking network to this dtype (e.g. ``torch.float64`` for exact checks).
         v_init: initial membrane in threshold units (paper 1/2; 0 is the "no half-threshold" ablation).
-        negative_spikes: allow -1 spikes (paper True; False is the "no negative spikes" ablation).
+        negative_spikes: allow -1 spikes (paper True; False is the "no negative spikes" ablation);
+            ``"signed"`` keeps them only in signed neurons (ablation: none in the unsigned ones, i.e. the FFN
+            hidden layer and the attention probabilities), ``"unsigned"`` only in unsigned neurons (ablation:
+            signed neurons, which then cannot represent a negative value at all).
 
     Raises:
         TypeError: a non-ReLU activation (path named), a ReLU outside a quantized FFN, an unknown leaf module
@@ -404,8 +414,11 @@ def convert(qann: nn.Module, *, dtype: torch.dtype | None = None, v_init: float 
         raise ValueError("spikezip_tf: the model has no quantizers; call quantize() (and train it) before convert()")
     if isinstance(qann, (Quantizer, QAttention)):
         raise TypeError("spikezip_tf: convert() takes a whole model, not a single layer")
+    if not (isinstance(negative_spikes, bool) or negative_spikes in ("signed", "unsigned")):
+        raise ValueError(f"spikezip_tf: negative_spikes must be True, False, 'signed' or 'unsigned', "
+                         f"got {negative_spikes!r}")
     neuron_kw = dict(v_init=v_init, negative_spikes=negative_spikes)
-    STBIFNeuron(threshold=1.0, pos_max=1, neg_min=0, **neuron_kw)  # validates v_init before the deep copy
+    STBIFNeuron(threshold=1.0, pos_max=1, neg_min=0, v_init=v_init)  # validates v_init before the deep copy
     net = copy.deepcopy(qann).eval()
     _convert_children(net, "", neuron_kw)
     if dtype is not None:
