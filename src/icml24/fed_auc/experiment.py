@@ -59,9 +59,9 @@ class Config(ExperimentConfig):
     local_steps: int = field(default=4, metadata=help_text("I, local steps per round (notes §5: 8; 4 here)"))
     batch_size: int = field(default=32, metadata=help_text("local minibatch (notes §5 / CODASCA example: 32)"))
     hidden: tuple[int, ...] = field(default=(64, 64), metadata=help_text("MLP hidden widths (ours)"))
-    lr_grid: tuple[float, ...] = field(default=(0.05, 0.1, 0.2, 0.4, 0.8), metadata=help_text(
+    lr_grid: tuple[float, ...] = field(default=(0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2), metadata=help_text(
         "η grid, η_x = η_y = η0 = η, tuned per arm on validation AUC (notes §5: {0.05, 0.1}; η0 = lr; "
-        "and widened after the first two full runs put the tuned steps at the grid edges)"))
+        "widened upward after full runs put baselines' tuned steps at the top edge)"))
     levels: int = field(default=3, metadata=help_text("L of the multi-level method (issue 12: 3)"))
     extra_levels: int = field(default=4, metadata=help_text("L of the extra row (issue 12: 4), first K only"))
     beta: float = field(default=0.9, metadata=help_text("β, new-value weight of the estimators (notes §5: 0.9)"))
