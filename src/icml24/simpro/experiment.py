@@ -155,7 +155,7 @@ class Config(ExperimentConfig):
             ds = getattr(self, name)
             if any(d not in DISTRIBUTIONS for d in ds) or len(set(ds)) != len(ds):
                 raise ValueError(f"{name} must be distinct names from {DISTRIBUTIONS}, got {ds!r}")
-        if self.mnist1d_num_seeds > len(self.seeds):
+        if self.mnist1d_distributions and self.mnist1d_num_seeds > len(self.seeds):
             raise ValueError(f"mnist1d_num_seeds ({self.mnist1d_num_seeds}) exceeds the {len(self.seeds)} seeds")
         if self.digits_distributions and self.digits_num_seeds > len(self.seeds):
             raise ValueError(f"digits_num_seeds ({self.digits_num_seeds}) exceeds the {len(self.seeds)} seeds")
