@@ -1,6 +1,6 @@
 """Reproduction of SimPro (arXiv 2402.13505): long-tailed SSL with an unknown unlabeled class distribution.
 
-Two tiers, every arm on identical data, views, batches, steps and initialisation per seed (one trainer,
+Three tiers (the third only in the slow variant), every arm on identical data, views, batches, steps and initialisation per seed (one trainer,
 :func:`~icml24.simpro.trainer.train_ssl`; the arms differ only in their criterion):
 
 1. Gaussian mixture (notes §5.1): K = 10 unit-covariance classes in D = 10, a linear model (whose logits can
