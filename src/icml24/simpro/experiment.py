@@ -1,7 +1,8 @@
 """Reproduction of SimPro (arXiv 2402.13505): long-tailed SSL with an unknown unlabeled class distribution.
 
-Three tiers (the third only in the slow variant), every arm on identical data, views, batches, steps and initialisation per seed (one trainer,
-:func:`~icml24.simpro.trainer.train_ssl`; the arms differ only in their criterion):
+Three tiers (the third only in the slow variant), every arm on identical data, views, batches, steps and
+initialisation per seed (one trainer, :func:`~icml24.simpro.trainer.train_ssl`; the arms differ only in their
+criterion):
 
 1. Gaussian mixture (notes §5.1): K = 10 unit-covariance classes in D = 10, a linear model (whose logits can
    equal log p(x|y) exactly), labeled N1 = 40, γ_l = 20, unlabeled M1 = 400, γ_u = 20 in all five orderings.
