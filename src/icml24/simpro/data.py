@@ -6,6 +6,8 @@
 * :func:`split_labeled_unlabeled` draws the labeled / unlabeled index sets per class from a pool.
 * :class:`GaussianMixtureTier`: K Gaussian classes with unit covariance, where the Bayes posterior is known.
 * :func:`mnist1d_augment`: batched weak / strong views of MNIST-1D series (shift, scale, noise, cutout).
+* :func:`digits_augment`: batched weak / strong views of 8×8 digit images (translation; affine, jitter, noise,
+  cutout), tensor ops only (no PIL, no flips: digits are not flip-invariant).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from icml24.common import validate as v
 
 __all__ = ["DISTRIBUTIONS", "make_imb_data", "unlabeled_counts", "split_labeled_unlabeled", "GaussianMixtureTier",
-           "gaussian_augment", "mnist1d_augment"]
+           "gaussian_augment", "mnist1d_augment", "digits_augment"]
 
 DISTRIBUTIONS: tuple[str, ...] = ("consistent", "uniform", "reversed", "middle", "head-tail")
 _OWNER = "simpro"
@@ -186,3 +188,68 @@ def mnist1d_augment(x: torch.Tensor, *, strong: bool, generator: torch.Generator
     else:
         z = z + 0.02 * nrm(n, length)
     return z.unsqueeze(-1) if squeeze else z
+
+
+def _translate2d(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    """Shift each image of ``x`` (N, C, H, W) by integer ``(dy, dx)`` pixels, zero fill (pad, then crop)."""
+    n, c, h, w = x.shape
+    m = int(max(dy.abs().max().item(), dx.abs().max().item(), 0)) if n else 0
+    xp = torch.nn.functional.pad(x, (m, m, m, m))
+    rows = torch.arange(h, device=x.device)[None] + m - dy[:, None]  # (N, H)
+    cols = torch.arange(w, device=x.device)[None] + m - dx[:, None]  # (N, W)
+    ni = torch.arange(n, device=x.device)[:, None, None, None]
+    ci = torch.arange(c, device=x.device)[None, :, None, None]
+    return xp[ni, ci, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+def digits_augment(x: torch.Tensor, *, strong: bool, generator: torch.Generator, max_shift: int | None = None,
+                   rotation: float = 20.0, shear: float = 0.2, jitter: float = 0.3, noise: float = 0.1,
+                   cutout: int = 3) -> torch.Tensor:
+    """Views of 8×8 digit images in [0, 1] (notes §5.2), batched; every draw comes from ``generator``.
+
+    weak: random translation by up to ±1 pixel in each axis with zero fill (the pad-and-crop of FixMatch's weak
+    view, without its horizontal flip). strong: translation by up to ±2 pixels composed with a random affine map
+    (rotation ±``rotation`` degrees, shear ±``shear``; bilinear ``grid_sample``, zero padding), brightness and
+    contrast jitter ±``jitter``, Gaussian noise σ = ``noise``, clipping to [0, 1], then a ``cutout``×``cutout``
+    zero patch (the analogue of RandAugment n = 2 + Cutout).
+
+    Args:
+        x: images ``(N, 1, 8, 8)`` (any ``(N, C, H, W)`` works).
+        strong: the strong view (else the weak one).
+        generator: the torch generator of every random draw (same state, same views).
+        max_shift: translation range in pixels (default 1 weak, 2 strong).
+        rotation, shear, jitter, noise, cutout: strong-view magnitudes (``cutout=0`` disables the patch).
+    """
+    if x.dim() != 4:
+        raise ValueError(f"{_OWNER}: digits_augment needs images (N, C, H, W), got shape {tuple(x.shape)}")
+    n, c, h, w = x.shape
+    dev = x.device
+    rnd = lambda *shape: torch.rand(*shape, generator=generator, device=dev)  # noqa: E731
+    m = (2 if strong else 1) if max_shift is None else int(max_shift)
+    dy = torch.floor(rnd(n) * (2 * m + 1)).long() - m
+    dx = torch.floor(rnd(n) * (2 * m + 1)).long() - m
+    z = _translate2d(x, dy, dx)
+    if not strong:
+        return z
+    ang = (2 * rnd(n) - 1) * math.radians(rotation)
+    sh = (2 * rnd(n) - 1) * shear
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    theta = torch.zeros(n, 2, 3, device=dev, dtype=x.dtype)
+    theta[:, 0, 0], theta[:, 0, 1] = cos, -sin + sh * cos  # rotation · [[1, sh], [0, 1]]
+    theta[:, 1, 0], theta[:, 1, 1] = sin, cos + sh * sin
+    grid = torch.nn.functional.affine_grid(theta, [n, c, h, w], align_corners=False)
+    z = torch.nn.functional.grid_sample(z, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    bright = (2 * rnd(n, 1, 1, 1) - 1) * jitter
+    contrast = 1 + (2 * rnd(n, 1, 1, 1) - 1) * jitter
+    mean = z.mean(dim=(1, 2, 3), keepdim=True)
+    z = (z - mean) * contrast + mean + bright
+    z = (z + noise * torch.randn(z.shape, generator=generator, device=dev, dtype=z.dtype)).clamp(0.0, 1.0)
+    if cutout > 0:
+        top = torch.floor(rnd(n) * (h - cutout + 1)).long()
+        left = torch.floor(rnd(n) * (w - cutout + 1)).long()
+        r = torch.arange(h, device=dev)[None, :, None]
+        q = torch.arange(w, device=dev)[None, None, :]
+        patch = ((r >= top[:, None, None]) & (r < top[:, None, None] + cutout)
+                 & (q >= left[:, None, None]) & (q < left[:, None, None] + cutout))
+        z = z.masked_fill(patch[:, None], 0.0)
+    return z

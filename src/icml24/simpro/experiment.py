@@ -1,12 +1,16 @@
 """Reproduction of SimPro (arXiv 2402.13505): long-tailed SSL with an unknown unlabeled class distribution.
 
-Two tiers, every arm on identical data, views, batches, steps and initialisation per seed (one trainer,
-:func:`~icml24.simpro.trainer.train_ssl`; the arms differ only in their criterion):
+Three tiers (the third only in the slow variant), every arm on identical data, views, batches, steps and
+initialisation per seed (one trainer, :func:`~icml24.simpro.trainer.train_ssl`; the arms differ only in their
+criterion):
 
 1. Gaussian mixture (notes §5.1): K = 10 unit-covariance classes in D = 10, a linear model (whose logits can
    equal log p(x|y) exactly), labeled N1 = 40, γ_l = 20, unlabeled M1 = 400, γ_u = 20 in all five orderings.
 2. MNIST-1D (the package's generator, offline): the reference 1-D CNN, labeled N1 = 60, γ_l = 10, unlabeled
    M1 = 300, γ_u = 10 (consistent, reversed, head-tail), the fixed 1000-series test set.
+3. 8×8 digits (sklearn ``load_digits``; the slow variant, off by default: :meth:`Config.slow`): a small 2-D CNN,
+   labeled N1 = 30, γ_l = 10, unlabeled M1 = 90, γ_u = 10, batched torch translation / affine / jitter / noise /
+   cutout views (:func:`~icml24.simpro.data.digits_augment`). A tier runs when its distribution list is non-empty.
 
 Arms: supervised only, FixMatch, FixMatch + LA by π_l, SimPro, and the negative control SimPro without the
 M-step. Each arm picks its hyper-parameter from the same-sized grid on a balanced validation split (a separate
@@ -16,6 +20,7 @@ SimPro − best baseline ≥ 5 points on reversed and head-tail; ≥ −1 on con
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +30,7 @@ import numpy as np
 import torch
 
 from icml24.common.config import ExperimentConfig, help_text
-from icml24.common.data import load_mnist1d
+from icml24.common.data import digits_images, load_mnist1d
 from icml24.common.nets import ConvNet1D
 from icml24.common.plotting import band, new_figure, save_figure
 from icml24.common.progress import progress
@@ -34,6 +39,7 @@ from icml24.common.stats import paired_ci
 from icml24.simpro.data import (
     DISTRIBUTIONS,
     GaussianMixtureTier,
+    digits_augment,
     gaussian_augment,
     make_imb_data,
     mnist1d_augment,
@@ -46,8 +52,8 @@ SLUG = "simpro"
 BASELINES = ("supervised", "fixmatch", "fixmatch_la")
 ARMS = (*BASELINES, "simpro")
 CONTROL = "simpro_no_em"
-TIERS = ("gauss", "mnist1d")
-CONTROL_CELLS = {"gauss": ("reversed", "head-tail"), "mnist1d": ("reversed",)}  # where the negative control runs
+TIERS = ("gauss", "mnist1d", "digits")
+CONTROL_CELLS = {"gauss": ("reversed", "head-tail"), "mnist1d": ("reversed",), "digits": ("reversed",)}  # where the negative control runs
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,20 @@ class Config(ExperimentConfig):
     mnist1d_gamma_u: float = field(default=10.0, metadata=help_text("γ_u"))
     mnist1d_steps: int = field(default=800, metadata=help_text("SGD steps (ours, CPU budget)"))
     mnist1d_lr: float = field(default=0.1, metadata=help_text("lr (ours)"))
+    # 8×8 digits tier (slow variant; off by default: an empty list skips the tier)
+    digits_distributions: tuple[str, ...] = field(default=(), metadata=help_text(
+        "unlabeled orderings of the 8×8 digits tier (empty: tier off; Config.slow(): consistent, reversed, "
+        "head-tail)"))
+    digits_num_seeds: int = field(default=5, metadata=help_text("first seeds used on digits"))
+    digits_n_l: int = field(default=30, metadata=help_text("N1 (notes §5.2: 30)"))
+    digits_gamma_l: float = field(default=10.0, metadata=help_text("γ_l (notes §5.2: 10)"))
+    digits_n_u: int = field(default=90, metadata=help_text(
+        "M1 (notes §5.2: 100; 90 so that 30 + 90 fits the 129-135 pool images per class left after test and "
+        "validation)"))
+    digits_gamma_u: float = field(default=10.0, metadata=help_text("γ_u (notes §5.2: 10)"))
+    digits_val_per_class: int = field(default=10, metadata=help_text("balanced validation images per class (tuning)"))
+    digits_steps: int = field(default=1500, metadata=help_text("SGD steps (notes §5.2: 3000; halved for CPU)"))
+    digits_lr: float = field(default=0.05, metadata=help_text("lr (notes §5.2: 0.03 over 3000 steps; ours)"))
     # thresholds of the checks (issue, fixed before the first full run)
     gain_margin: float = field(default=5.0, metadata=help_text(
         "claim: SimPro − best baseline ≥ this on reversed / head-tail (balanced-accuracy points; issue)"))
@@ -107,21 +127,24 @@ class Config(ExperimentConfig):
         super().__post_init__()
         for name in ("workers", "batch_size", "mu", "updates_per_run", "gauss_dim", "gauss_n_l", "gauss_n_u",
                      "gauss_test_per_class", "gauss_val_per_class", "gauss_steps", "mnist1d_num_seeds",
-                     "mnist1d_n_l", "mnist1d_n_u", "mnist1d_steps"):
+                     "mnist1d_n_l", "mnist1d_n_u", "mnist1d_steps", "digits_num_seeds", "digits_n_l",
+                     "digits_n_u", "digits_val_per_class", "digits_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("tau", "ema_u", "ema_decay", "gauss_mean_scale", "gauss_gamma_l", "gauss_gamma_u", "gauss_lr",
-                     "mnist1d_gamma_l", "mnist1d_gamma_u", "mnist1d_lr", "gain_margin", "consistent_margin",
+                     "mnist1d_gamma_l", "mnist1d_gamma_u", "mnist1d_lr", "digits_gamma_l", "digits_gamma_u", "digits_lr",
+                     "gain_margin", "consistent_margin",
                      "bias_gap"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
-        for name in ("gauss_gamma_l", "gauss_gamma_u", "mnist1d_gamma_l", "mnist1d_gamma_u"):
+        for name in ("gauss_gamma_l", "gauss_gamma_u", "mnist1d_gamma_l", "mnist1d_gamma_u", "digits_gamma_l",
+                     "digits_gamma_u"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} (imbalance ratio) must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.ema_u < 1 or not 0 <= self.ema_decay < 1:
             raise ValueError(f"ema_u and ema_decay must be in [0, 1), got {self.ema_u}, {self.ema_decay}")
-        if self.tau < 0 or self.gauss_lr <= 0 or self.mnist1d_lr <= 0 or self.gauss_mean_scale <= 0:
-            raise ValueError("tau must be >= 0 and gauss_lr, mnist1d_lr, gauss_mean_scale > 0")
+        if self.tau < 0 or self.gauss_lr <= 0 or self.mnist1d_lr <= 0 or self.digits_lr <= 0 or self.gauss_mean_scale <= 0:
+            raise ValueError("tau must be >= 0 and gauss_lr, mnist1d_lr, digits_lr, gauss_mean_scale > 0")
         if not self.threshold_grid or any(not 0 < t < 1 for t in self.threshold_grid):
             raise ValueError(f"threshold_grid values must be in (0, 1), got {self.threshold_grid!r}")
         if len(self.sup_lr_factors) != len(self.threshold_grid) or any(not f > 0 for f in self.sup_lr_factors):
@@ -129,12 +152,17 @@ class Config(ExperimentConfig):
                              f"budget), got {self.sup_lr_factors!r}")
         if self.pi_estimate_on not in ("confident", "all"):
             raise ValueError(f"pi_estimate_on must be 'confident' or 'all', got {self.pi_estimate_on!r}")
-        for name in ("gauss_distributions", "mnist1d_distributions"):
+        for name in ("gauss_distributions", "mnist1d_distributions", "digits_distributions"):
             ds = getattr(self, name)
             if any(d not in DISTRIBUTIONS for d in ds) or len(set(ds)) != len(ds):
                 raise ValueError(f"{name} must be distinct names from {DISTRIBUTIONS}, got {ds!r}")
-        if self.mnist1d_num_seeds > len(self.seeds):
+        if self.mnist1d_distributions and self.mnist1d_num_seeds > len(self.seeds):
             raise ValueError(f"mnist1d_num_seeds ({self.mnist1d_num_seeds}) exceeds the {len(self.seeds)} seeds")
+        if self.digits_distributions and self.digits_num_seeds > len(self.seeds):
+            raise ValueError(f"digits_num_seeds ({self.digits_num_seeds}) exceeds the {len(self.seeds)} seeds")
+        if not (self.gauss_distributions or self.mnist1d_distributions or self.digits_distributions):
+            raise ValueError("every tier is off: give at least one of gauss_distributions, mnist1d_distributions, "
+                             "digits_distributions")
         if self.gain_margin < 0 or self.consistent_margin < 0:
             raise ValueError("gain_margin and consistent_margin must be >= 0")
 
@@ -143,6 +171,16 @@ class Config(ExperimentConfig):
         return cls(seeds=(0, 1), gauss_distributions=("consistent", "reversed"), gauss_steps=200,
                    mnist1d_distributions=("reversed",), mnist1d_num_seeds=2, mnist1d_steps=40, threshold_grid=(0.7,),
                    sup_lr_factors=(1.0,), updates_per_run=15)
+
+    @classmethod
+    def slow(cls) -> Config:
+        """The slow variant: the 8×8 digits tier alone (consistent, reversed, head-tail; 5 seeds, 1500 steps).
+
+        CLI: ``icml24 run simpro --out results/simpro/slow_digits --set gauss_distributions= --set
+        mnist1d_distributions= --set digits_distributions=consistent,reversed,head-tail``.
+        """
+        return cls(seeds=tuple(range(5)), gauss_distributions=(), mnist1d_distributions=(),
+                   digits_distributions=("consistent", "reversed", "head-tail"))
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -176,8 +214,44 @@ def _mnist1d_data(cfg: Config, dist: str, seed: int) -> dict[str, Any]:
             "model": lambda: ConvNet1D(), "steps": cfg.mnist1d_steps, "lr": cfg.mnist1d_lr}
 
 
+class DigitsCNN(torch.nn.Module):
+    """Small CNN for 1×8×8 digits (notes §5.2: conv16-conv32-FC64, ≈ 20k parameters)."""
+
+    def __init__(self, *, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(), torch.nn.MaxPool2d(2))
+        self.head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(32 * 4 * 4, 64), torch.nn.ReLU(),
+                                        torch.nn.Linear(64, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+@functools.lru_cache(maxsize=2)
+def _digits_split(val_per_class: int) -> tuple[torch.Tensor, ...]:
+    """Fixed digits split: 20% stratified test, a balanced validation set carved from the rest, the pool."""
+    s = digits_images(seed=0, test_size=0.2)
+    y = np.asarray(s.y_train)
+    rng = np.random.default_rng(0)
+    val = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:val_per_class] for c in range(10)])
+    pool = np.setdiff1d(np.arange(len(y)), val)
+    return s.x_train[pool], s.y_train[pool], s.x_train[val], s.y_train[val], s.x_test, s.y_test
+
+
+def _digits_data(cfg: Config, dist: str, seed: int) -> dict[str, Any]:
+    xp, yp, xv, yv, xt, yt = _digits_split(cfg.digits_val_per_class)
+    nl = make_imb_data(max_num=cfg.digits_n_l, num_classes=10, gamma=cfg.digits_gamma_l)
+    nu = unlabeled_counts(distribution=dist, max_num=cfg.digits_n_u, num_classes=10, gamma=cfg.digits_gamma_u)
+    li, ui = split_labeled_unlabeled(yp, labeled=nl, unlabeled=nu, seed=30_000 + seed)
+    return {"x_l": xp[li], "y_l": yp[li], "x_u": xp[ui], "x_val": xv, "y_val": yv, "x_test": xt, "y_test": yt,
+            "n_l": nl, "pi_u": _prior(nu), "augment": digits_augment, "model": lambda: DigitsCNN(),
+            "steps": cfg.digits_steps, "lr": cfg.digits_lr}
+
+
 def _data(cfg: Config, tier: str, dist: str, seed: int) -> dict[str, Any]:
-    return (_gauss_data if tier == "gauss" else _mnist1d_data)(cfg, dist, seed)
+    return {"gauss": _gauss_data, "mnist1d": _mnist1d_data, "digits": _digits_data}[tier](cfg, dist, seed)
 
 
 # ---------------------------------------------------------------------------------------------- one run
@@ -236,8 +310,10 @@ def _execute(cfg: Config, jobs: list[Job], *, desc: str) -> dict[Job, dict[str, 
 def run(cfg: Config, out_dir: Path) -> RunResult:
     out_dir = Path(out_dir)
     rec = RunRecorder(SLUG, cfg, out_dir)
-    cells = [("gauss", d) for d in cfg.gauss_distributions] + [("mnist1d", d) for d in cfg.mnist1d_distributions]
-    seeds_of = {"gauss": list(cfg.seeds), "mnist1d": list(cfg.seeds[:cfg.mnist1d_num_seeds])}
+    cells = ([("gauss", d) for d in cfg.gauss_distributions] + [("mnist1d", d) for d in cfg.mnist1d_distributions]
+             + [("digits", d) for d in cfg.digits_distributions])
+    seeds_of = {"gauss": list(cfg.seeds), "mnist1d": list(cfg.seeds[:cfg.mnist1d_num_seeds]),
+                "digits": list(cfg.seeds[:cfg.digits_num_seeds])}
 
     def arms_of(tier: str, dist: str) -> tuple[str, ...]:
         return (*ARMS, CONTROL) if dist in CONTROL_CELLS[tier] else ARMS
@@ -294,7 +370,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                 m[f"{key}_kl_pi_l"] = r["kl_labeled"]
         for d in cfg.gauss_distributions:
             metrics.setdefault("bayes_optimal", {})[f"gauss_{d}_bal_acc"] = bayes[d, s]
-        rec.add_seed(s, metrics)
+        if metrics:  # a seed beyond every enabled tier's seed count has no runs
+            rec.add_seed(s, metrics)
     summ = rec.summary()
 
     def vals(t: str, d: str, a: str, metric: str = "bal_acc") -> list[float]:
