@@ -73,8 +73,8 @@ def _as_array(x: object) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def _check_private_points(x: object, name: str = "X", dim: int | None = None) -> np.ndarray:
-    """Shape checks (public) on private samples, then :func:`clip_to_cube` (never a check on a value)."""
+def _as_points(x: object, name: str, dim: int | None) -> np.ndarray:
+    """``x`` as a non-empty (n, d) float64 array (a 1-D array is n points in d=1); shape checks only."""
     a = _as_array(x)
     if a.ndim == 1 and dim in (None, 1):
         a = a[:, None]
@@ -82,18 +82,17 @@ def _check_private_points(x: object, name: str = "X", dim: int | None = None) ->
         raise ValueError(f"{_P}: {name} must be a non-empty (n, d) array, got shape {np.shape(x)}")
     if dim is not None and a.shape[1] != dim:
         raise ValueError(f"{_P}: {name} has d={a.shape[1]} columns, expected d={dim}")
-    return clip_to_cube(a)
+    return a
+
+
+def _check_private_points(x: object, name: str = "X", dim: int | None = None) -> np.ndarray:
+    """Shape checks (public) on private samples, then :func:`clip_to_cube` (never a check on a value)."""
+    return clip_to_cube(_as_points(x, name, dim))
 
 
 def _check_points(x: object, name: str = "x", dim: int | None = None) -> np.ndarray:
     """Checks on public points (evaluation points): shape and values in [0,1]^d."""
-    a = _as_array(x)
-    if a.ndim == 1 and dim in (None, 1):
-        a = a[:, None]
-    if a.ndim != 2 or a.shape[0] == 0:
-        raise ValueError(f"{_P}: {name} must be a non-empty (n, d) array, got shape {np.shape(x)}")
-    if dim is not None and a.shape[1] != dim:
-        raise ValueError(f"{_P}: {name} has d={a.shape[1]} columns, expected d={dim}")
+    a = _as_points(x, name, dim)
     if not np.all(np.isfinite(a)):
         raise ValueError(f"{_P}: {name} contains NaN or infinite values")
     if a.min() < 0.0 or a.max() > 1.0:
