@@ -49,6 +49,14 @@ def _set(loss_fn, a, b, al):
         loss_fn.a.fill_(a), loss_fn.b.fill_(b), loss_fn.alpha.fill_(al)
 
 
+def _assert_tracks(st, model, loss_fn) -> None:
+    """Our primal, (a, b) and dual state equal LibAUC's model and loss parameters."""
+    lib_w = torch.cat([p.detach().reshape(-1) for p in model[0].parameters()])
+    torch.testing.assert_close(st["w"], lib_w, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(st["ab"], torch.cat([loss_fn.a.detach(), loss_fn.b.detach()]), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(st["alpha"], loss_fn.alpha.detach(), rtol=1e-4, atol=1e-6)
+
+
 def test_loss_values_equal_libauc():
     x, y = _data()
     h = torch.sigmoid(_net()(x)).detach()
@@ -97,10 +105,7 @@ def test_federated_aucm_with_one_client_tracks_pesg():
         loss.backward()
         opt.step()
         algo.local_step(st, x[idx], y[idx])
-    lib_w = torch.cat([p.detach().reshape(-1) for p in model[0].parameters()])
-    torch.testing.assert_close(st["w"], lib_w, rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(st["ab"], torch.cat([loss_fn.a.detach(), loss_fn.b.detach()]), rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(st["alpha"], loss_fn.alpha.detach(), rtol=1e-4, atol=1e-6)
+    _assert_tracks(st, model, loss_fn)
     assert float(st["alpha"][0]) > 0.05  # the dual moved
 
 
@@ -125,10 +130,7 @@ def test_two_level_compositional_with_one_client_tracks_pdsca():
             loss.backward()
             opt.step()
         algo.local_step(st, x[idx], y[idx])
-    lib_w = torch.cat([p.detach().reshape(-1) for p in model[0].parameters()])
-    torch.testing.assert_close(st["w"], lib_w, rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(st["ab"], torch.cat([loss_fn.a.detach(), loss_fn.b.detach()]), rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(st["alpha"], loss_fn.alpha.detach(), rtol=1e-4, atol=1e-6)
+    _assert_tracks(st, model, loss_fn)
     # PDSCA's weight buffer is our estimator h_1
     buf = torch.cat([opt.state[p]["weight_buffer"].reshape(-1) for p in model[0].parameters()])
     torch.testing.assert_close(st["h1"], buf, rtol=1e-4, atol=1e-6)
