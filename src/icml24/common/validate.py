@@ -55,22 +55,6 @@ def finite(owner: str, name: str, x: Any) -> float:
     return v
 
 
-def positive(owner: str, name: str, x: Any) -> float:
-    """A finite number > 0."""
-    v = _real(owner, name, x, "a finite number > 0")
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{owner}: {name} must be a finite number > 0, got {x!r}")
-    return v
-
-
-def non_negative(owner: str, name: str, x: Any) -> float:
-    """A finite number >= 0."""
-    v = _real(owner, name, x, "a finite number >= 0")
-    if not (math.isfinite(v) and v >= 0):
-        raise ValueError(f"{owner}: {name} must be a finite number >= 0, got {x!r}")
-    return v
-
-
 def at_least(owner: str, name: str, x: Any, low: float, *, strict: bool = False) -> float:
     """A finite number >= ``low`` (> ``low`` when ``strict``), e.g. a ratio >= 1."""
     what = f"a finite number {'>' if strict else '>='} {low:g}"
@@ -78,6 +62,16 @@ def at_least(owner: str, name: str, x: Any, low: float, *, strict: bool = False)
     if not (math.isfinite(v) and (v > low if strict else v >= low)):
         raise ValueError(f"{owner}: {name} must be {what}, got {x!r}")
     return v
+
+
+def positive(owner: str, name: str, x: Any) -> float:
+    """A finite number > 0."""
+    return at_least(owner, name, x, 0, strict=True)
+
+
+def non_negative(owner: str, name: str, x: Any) -> float:
+    """A finite number >= 0."""
+    return at_least(owner, name, x, 0)
 
 
 def in_range(owner: str, name: str, x: Any, low: float, high: float, *, low_open: bool = False,
