@@ -25,6 +25,7 @@ import numpy as np
 from icml24.bayes_mcts.envs import GridMaze, make_minigrid
 from icml24.bayes_mcts.planners import make_planner, run_episode
 from icml24.bayes_mcts.value_models import SimulatedValueModel
+from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig, help_text
 from icml24.common.plotting import new_figure, plt, save_figure
 from icml24.common.progress import progress
@@ -64,17 +65,17 @@ class Config(ExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        w = "Config"
         for name in ("n_val", "maze_size", "budget", "budget2", "n_sweep", "iqm_reps"):
-            if getattr(self, name) < (2 if name == "maze_size" else 1):
-                raise ValueError(f"{name} must be >= {2 if name == 'maze_size' else 1}, got {getattr(self, name)}")
+            val.integer(w, name, getattr(self, name), minimum=2 if name == "maze_size" else 1)
         for name in ("c_grid", "bts_scale_grid", "tsts_scale_grid", "sweep_budgets"):
             g = getattr(self, name)
-            if not g or any(x < 0 if name == "c_grid" else x <= 0 for x in g) or list(g) != sorted(set(g)):
-                raise ValueError(f"{name} must be strictly increasing values > 0 (c_grid: >= 0), got {g!r}")
+            val.each(w, name, g, val.non_negative if name == "c_grid" else val.positive)
+            if list(g) != sorted(set(g)):
+                raise ValueError(f"{w}: {name} must be strictly increasing, got {g!r}")
         if not (len(self.c_grid) == len(self.bts_scale_grid) == len(self.tsts_scale_grid)):
             raise ValueError("c_grid, bts_scale_grid and tsts_scale_grid must have the same size (equal tuning budget)")
-        if self.sigma_err < 0:
-            raise ValueError(f"sigma_err must be >= 0, got {self.sigma_err}")
+        val.non_negative(w, "sigma_err", self.sigma_err)
         if self.n_sweep > len(self.seeds):
             raise ValueError(f"n_sweep ({self.n_sweep}) must be <= the number of seeds ({len(self.seeds)})")
 
