@@ -44,6 +44,9 @@ __all__ = [
     "kl_worst_case",
     "chi2_worst_case",
     "cvar_worst_case",
+    "kl_constrained_worst_case",
+    "chi2_constrained_worst_case",
+    "tv_from_uniform",
 ]
 
 _EPS = 1e-12
@@ -118,13 +121,29 @@ def graph_laplacian(w: sp.spmatrix) -> sp.csr_matrix:
 
 @dataclass(frozen=True)
 class EdgeList:
-    """The graph as directed edge tensors (each undirected edge twice) on one device, for the torch flow."""
+    """The graph on one torch device, as a padded neighbour table (each undirected edge seen from both ends).
 
-    src: torch.Tensor
-    dst: torch.Tensor
-    weight: torch.Tensor
+    ``nbr[i, m]`` is the m-th neighbour j of node i and ``w[i, m] = w_ij`` (padding: ``nbr = i``, ``w = 0``), so a
+    sum over neighbours is a row sum (no scatter). ``src``/``dst``/``weight`` give the same directed edges as flat
+    tensors (each undirected edge twice).
+    """
+
+    nbr: torch.Tensor
+    w: torch.Tensor
     n: int
-    degree: torch.Tensor | None = None  # d_i = Σ_j w_ij (cached by from_adjacency)
+    degree: torch.Tensor  # d_i = Σ_j w_ij
+
+    @property
+    def src(self) -> torch.Tensor:
+        return torch.arange(self.n, device=self.nbr.device).unsqueeze(1).expand_as(self.nbr)[self.w > 0]
+
+    @property
+    def dst(self) -> torch.Tensor:
+        return self.nbr[self.w > 0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.w[self.w > 0]
 
     @classmethod
     def from_adjacency(cls, w: sp.spmatrix | np.ndarray, *, device: str | torch.device = "cpu",
@@ -137,23 +156,35 @@ class EdgeList:
             raise ValueError("gcdro: adjacency weights must be finite and >= 0")
         if abs(coo - coo.T).sum() > 1e-9 * max(1.0, abs(coo).sum()):
             raise ValueError("gcdro: adjacency must be symmetric")
-        keep = coo.row != coo.col
-        src = torch.as_tensor(coo.row[keep], dtype=torch.long, device=device)
-        w = torch.as_tensor(coo.data[keep], dtype=dtype, device=device)
         n = int(coo.shape[0])
-        deg = torch.zeros(n, dtype=dtype, device=device).index_add_(0, src, w)
-        return cls(src, torch.as_tensor(coo.col[keep], dtype=torch.long, device=device), w, n, deg)
+        keep = (coo.row != coo.col) & (coo.data > 0)
+        row, col, val = coo.row[keep], coo.col[keep], coo.data[keep].astype(np.float64)
+        order = np.lexsort((col, row))
+        row, col, val = row[order], col[order], val[order]
+        counts = np.bincount(row, minlength=n)
+        k = max(int(counts.max()) if counts.size else 0, 1)
+        slot = np.arange(row.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        nbr = np.repeat(np.arange(n)[:, None], k, axis=1)
+        wp = np.zeros((n, k))
+        nbr[row, slot], wp[row, slot] = col, val
+        nbr_t = torch.as_tensor(nbr, dtype=torch.long, device=device)
+        w_t = torch.as_tensor(wp, dtype=dtype, device=device)
+        return cls(nbr_t, w_t, n, w_t.sum(1))
+
+
+def _gather(v: torch.Tensor, edges: EdgeList) -> torch.Tensor:
+    """``v[nbr]`` as an ``(n, K)`` table."""
+    return v.index_select(0, edges.nbr.reshape(-1)).reshape(edges.nbr.shape)
 
 
 def laplacian_apply(q: torch.Tensor, edges: EdgeList) -> torch.Tensor:
     """``(L q)_i = Σ_j w_ij (q_i − q_j)``."""
-    diff = edges.weight * (q[edges.src] - q[edges.dst])
-    return torch.zeros_like(q).index_add_(0, edges.src, diff)
+    return edges.degree * q - (edges.w * _gather(q, edges)).sum(1)
 
 
 def dirichlet_energy(q: torch.Tensor, edges: EdgeList) -> torch.Tensor:
     """``qᵀ L q = ½ Σ_ij w_ij (q_i − q_j)²`` (sum over both directions of each edge, halved)."""
-    return 0.5 * (edges.weight * (q[edges.src] - q[edges.dst]) ** 2).sum()
+    return 0.5 * (edges.w * (q.unsqueeze(1) - _gather(q, edges)) ** 2).sum()
 
 
 def gcdro_objective(q: torch.Tensor, losses: torch.Tensor, edges: EdgeList, *, alpha: float,
@@ -178,9 +209,8 @@ def chemical_potential(q: torch.Tensor, losses: torch.Tensor, edges: EdgeList, *
 
 def upwind_flux(q: torch.Tensor, phi: torch.Tensor, edges: EdgeList) -> torch.Tensor:
     """Net inflow ``dq_i/dt = Σ_j w_ij [(Φ_j − Φ_i)_+ q_j − (Φ_i − Φ_j)_+ q_i]`` (sums to zero)."""
-    d = phi[edges.dst] - phi[edges.src]  # Φ_j − Φ_i for edge (i=src, j=dst)
-    f = edges.weight * (torch.relu(d) * q[edges.dst] - torch.relu(-d) * q[edges.src])
-    return torch.zeros_like(q).index_add_(0, edges.src, f)
+    d = _gather(phi, edges) - phi.unsqueeze(1)  # Φ_j − Φ_i
+    return (edges.w * (torch.relu(d) * _gather(q, edges) - torch.relu(-d) * q.unsqueeze(1))).sum(1)
 
 
 def adaptive_step(phi: torch.Tensor, edges: EdgeList, *, step_scale: float, q: torch.Tensor | None = None,
@@ -198,12 +228,11 @@ def adaptive_step(phi: torch.Tensor, edges: EdgeList, *, step_scale: float, q: t
 
     Returns ``inf`` when both bounds are zero (Φ constant on every edge: an equilibrium).
     """
-    s, t, w = edges.src, edges.dst, edges.weight
-    rate = torch.zeros_like(phi).index_add_(0, s, w * (phi[t] - phi[s]).abs()).max()
+    rate = (edges.w * (_gather(phi, edges) - phi.unsqueeze(1)).abs()).sum(1).max()
     if q is not None and alpha:
-        deg = edges.degree if edges.degree is not None else torch.zeros_like(q).index_add_(0, s, w)
-        diff = w * torch.maximum(q[s], q[t]) * (2.0 * alpha * q.numel()) * (deg[s] + deg[t])
-        rate = torch.maximum(rate, torch.zeros_like(q).index_add_(0, s, diff).max())
+        deg = edges.degree
+        diff = edges.w * torch.maximum(q.unsqueeze(1), _gather(q, edges)) * (deg.unsqueeze(1) + _gather(deg, edges))
+        rate = torch.maximum(rate, diff.sum(1).max() * (2.0 * alpha * q.numel()))
     return step_scale / rate if rate > 0 else torch.full_like(rate, float("inf"))
 
 
@@ -316,3 +345,84 @@ def cvar_worst_case(losses: torch.Tensor, *, alpha: float) -> torch.Tensor:
     filled = torch.arange(n, device=losses.device, dtype=losses.dtype) * cap  # mass before each sorted slot
     w_sorted = torch.clamp(1.0 - filled, min=0.0, max=cap)
     return torch.zeros_like(losses).scatter_(0, order, w_sorted)
+
+
+def kl_constrained_worst_case(losses: torch.Tensor, *, radius: float, iters: int = 100) -> torch.Tensor:
+    """Constrained KL-DRO best response: ``argmax {⟨q, ℓ⟩ : KL(q ‖ p̂) <= ρ}`` with p̂ uniform, ρ = ``radius``.
+
+    Dual form (Hu & Hong 2013, "Kullback-Leibler divergence constrained distributionally robust optimization"):
+    ``sup_q ⟨q, ℓ⟩ = inf_{λ>0} λ log E_p̂ exp(ℓ/λ) + λρ``; the dual's derivative in λ is ``ρ − KL(q_λ ‖ p̂)`` with
+    ``q_λ = softmax(ℓ/λ)``, so the optimal λ* solves ``KL(q_λ* ‖ p̂) = ρ`` (bisection on log λ) and the worst case
+    is ``q_λ*``. When ρ >= the largest reachable divergence (mass on the argmax set), that limit is returned.
+    """
+    _check_losses(losses)
+    v.positive("gcdro", "radius (KL radius ρ)", radius)
+    v.integer("gcdro", "iters", iters, minimum=1)
+    n = losses.numel()
+    spread = float(losses.max() - losses.min())
+    if spread <= 0:
+        return erm_weights(losses)
+    log_n = float(np.log(n))
+
+    def kl(lam: float) -> tuple[torch.Tensor, float]:
+        q = torch.softmax(losses / lam, dim=0)
+        return q, float((q * (torch.log(q.clamp_min(1e-300)) + log_n)).sum())
+
+    lo, hi = np.log(spread * 1e-6), np.log(spread * 1e6)  # λ range: q ≈ argmax … q ≈ uniform
+    q_lo, kl_lo = kl(float(np.exp(lo)))
+    if kl_lo <= radius:
+        return q_lo
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        if kl(float(np.exp(mid)))[1] > radius:
+            lo = mid
+        else:
+            hi = mid
+    return kl(float(np.exp(hi)))[0]
+
+
+def chi2_constrained_worst_case(losses: torch.Tensor, *, radius: float, iters: int = 100) -> torch.Tensor:
+    """Constrained χ²-DRO best response: ``argmax {⟨q, ℓ⟩ : D_χ²(q ‖ p̂) = (1/2n) Σ (n q_i − 1)² <= ρ}``.
+
+    Dual form (Duchi & Namkoong 2021, "Learning models with uniform performance via distributionally robust
+    optimization", Ann. Statist.): ``sup_q ⟨q, ℓ⟩ = inf_η sqrt(1 + 2ρ) · sqrt(E_p̂ (ℓ − η)_+²) + η``, attained at
+    ``q_i ∝ (ℓ_i − η*)_+``; the divergence of that q increases with η, so η* solves ``D_χ²(q_η*) = ρ``: in closed
+    form ``η* = mean ℓ − sd ℓ / sqrt(2ρ)`` while η* <= min ℓ (no point clipped), else by bisection on
+    ``[min ℓ, max ℓ)``. When ρ exceeds the divergence of the uniform distribution on the argmax set, that limit
+    is returned.
+    """
+    _check_losses(losses)
+    v.positive("gcdro", "radius (chi2 radius ρ)", radius)
+    v.integer("gcdro", "iters", iters, minimum=1)
+    n = losses.numel()
+    lmin, lmax = float(losses.min()), float(losses.max())
+    if lmax - lmin <= 0:
+        return erm_weights(losses)
+    mean, sd = float(losses.mean()), float(losses.std(unbiased=False))
+    eta = mean - sd / np.sqrt(2.0 * radius)
+    if eta <= lmin:
+        return (losses - eta) / (n * (mean - eta))
+
+    def div(e: float) -> tuple[torch.Tensor, float]:
+        w = torch.clamp(losses - e, min=0.0)
+        q = w / w.sum()
+        return q, float(0.5 * ((n * q - 1.0) ** 2).mean())
+
+    top = losses >= lmax
+    q_top = top.to(losses.dtype) / top.sum()
+    if float(0.5 * ((n * q_top - 1.0) ** 2).mean()) <= radius:
+        return q_top
+    lo, hi = lmin, lmax
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        if div(mid)[1] > radius:
+            hi = mid
+        else:
+            lo = mid
+    return div(lo)[0]
+
+
+def tv_from_uniform(q: torch.Tensor | np.ndarray) -> float:
+    """Total-variation distance ``½ Σ_i |q_i − 1/n|`` of q from the uniform (empirical) distribution."""
+    qa = np.asarray(q.detach().cpu().numpy() if isinstance(q, torch.Tensor) else q, dtype=np.float64)
+    return float(0.5 * np.abs(qa - 1.0 / qa.size).sum())

@@ -1,7 +1,9 @@
-"""scikit-learn regressors for GCDRO and the conventional DRO baselines (ERM, KL, χ², CVaR), one interface.
+"""scikit-learn regressors for GCDRO and the conventional DRO baselines, one interface.
 
+Baselines: ERM, penalised KL / χ², constrained KL / χ² (radius ρ, dual form), CVaR, Wasserstein DRO.
 Outer loop (full batch): per-sample squared losses ℓ_i(θ) → worst-case weights q (detached) → Adam step on
-``Σ_i q_i ℓ_i(θ)``. :class:`GCDRORegressor` gets q from the geometric Wasserstein gradient flow of the free
+``Σ_i q_i ℓ_i(θ)`` (the gradient of the worst-case risk by Danskin's theorem), with a cosine learning-rate decay
+to 0 over ``max_iter`` steps (``lr_decay``) so that every arm ends at a fixed point of its own objective. :class:`GCDRORegressor` gets q from the geometric Wasserstein gradient flow of the free
 energy (``core.gradient_flow``) on a kNN graph of the training inputs; :class:`DRORegressor` from a closed-form
 best response. Models: linear (``d + 1`` parameters) or a one-hidden-layer MLP.
 """
@@ -33,7 +35,9 @@ GCDROREGRESSOR_SKIPS = {
 }
 """``expected_failed_checks`` for ``sklearn.utils.estimator_checks.check_estimator(GCDRORegressor(...))``."""
 
-_METHODS = ("erm", "kl", "chi2", "cvar")
+_METHODS = ("erm", "kl", "chi2", "cvar", "kl_constrained", "chi2_constrained", "wasserstein")
+_PENALISED = ("kl", "chi2")
+_CONSTRAINED = ("kl_constrained", "chi2_constrained", "wasserstein")
 _KL_MIN_TEMPERATURE = core.KL_MIN_TEMPERATURE  # smaller λ makes ℓ/λ overflow (NaN weights mid-training)
 
 
@@ -53,6 +57,8 @@ def _check_common(est: _BaseWeightedRegressor) -> None:
     v.integer("gcdro", "hidden", est.hidden, minimum=1)
     v.positive("gcdro", "lr", est.lr)
     v.integer("gcdro", "max_iter", est.max_iter, minimum=1)
+    if not isinstance(est.lr_decay, (bool, np.bool_)):
+        raise TypeError(f"gcdro: lr_decay must be a bool, got {type(est.lr_decay).__name__}")
 
 
 class _BaseWeightedRegressor(RegressorMixin, BaseEstimator):
@@ -115,17 +121,29 @@ class _BaseWeightedRegressor(RegressorMixin, BaseEstimator):
         q = self._weights(self._scaled(losses)) * self._p
         return q / q.sum()
 
+    def _objective(self, q: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+        """The training objective at the worst case q (detached): ``Σ_i q_i ℓ_i(θ)``."""
+        return (q * losses).sum()
+
     def _train(self, xt: torch.Tensor, yt: torch.Tensor) -> None:
         gen = torch.Generator().manual_seed(0 if self.random_state is None else int(self.random_state))
         self.model_ = self._make_model(xt.shape[1], gen)
         opt = torch.optim.Adam(self.model_.parameters(), lr=self.lr)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=int(self.max_iter)) if self.lr_decay else None
         for _ in range(self.max_iter):
             losses = (self.model_(xt).squeeze(-1) - yt) ** 2
             q = self._reweighted(losses.detach())
             opt.zero_grad(set_to_none=True)
-            (q * losses).sum().backward()
+            self._objective(q, losses).backward()
             opt.step()
+            if sched is not None:
+                sched.step()
         self.n_iter_ = int(self.max_iter)
+        # stationarity of the final iterate: ‖∇θ objective(θ; q(θ))‖ (Danskin: the gradient of the worst-case risk)
+        losses = (self.model_(xt).squeeze(-1) - yt) ** 2
+        q = self._reweighted(losses.detach())
+        grads = torch.autograd.grad(self._objective(q, losses), list(self.model_.parameters()))
+        self.final_grad_norm_ = float(torch.sqrt(sum((g ** 2).sum() for g in grads)))
         with torch.no_grad():
             losses = (self.model_(xt).squeeze(-1) - yt) ** 2
             self.weights_ = self._reweighted(losses).cpu().numpy()
@@ -193,6 +211,7 @@ class GCDRORegressor(_BaseWeightedRegressor):
         hidden: MLP width.
         lr: Adam learning rate η.
         max_iter: number of outer (full-batch) steps.
+        lr_decay: cosine decay of the learning rate to 0 over ``max_iter`` steps.
         random_state: seed of the model initialisation.
         device: torch device for the model and the flow.
     """
@@ -200,7 +219,7 @@ class GCDRORegressor(_BaseWeightedRegressor):
     def __init__(self, *, n_neighbors: int = 10, alpha: float = 1.0, beta: float = 0.1, n_inner: int = 10,
                  step_scale: float = 0.5, restart: bool = False, use_y: bool = False, sigma: float | None = None,
                  normalize_loss: bool = True, model: Literal["linear", "mlp"] = "linear", hidden: int = 64,
-                 lr: float = 1e-2, max_iter: int = 500, random_state: int | None = None,
+                 lr: float = 1e-2, max_iter: int = 500, lr_decay: bool = True, random_state: int | None = None,
                  device: str = "cpu") -> None:
         self.n_neighbors = n_neighbors
         self.alpha = alpha
@@ -215,6 +234,7 @@ class GCDRORegressor(_BaseWeightedRegressor):
         self.hidden = hidden
         self.lr = lr
         self.max_iter = max_iter
+        self.lr_decay = lr_decay
         self.random_state = random_state
         self.device = device
 
@@ -257,55 +277,104 @@ class GCDRORegressor(_BaseWeightedRegressor):
 
 
 class DRORegressor(_BaseWeightedRegressor):
-    """Conventional DRO baselines with closed-form worst cases, same model/training loop as GCDRO.
+    """Conventional DRO baselines, same model and training loop as GCDRO.
 
-    ``method``: ``"erm"`` (uniform), ``"kl"`` (``q ∝ exp(ℓ/λ)``, λ = ``radius`` >= 1e-6), ``"chi2"``
-    (``q_i = (ℓ_i − η)_+/(λ n)``, λ = ``radius``), ``"cvar"`` (uniform on the top ``radius`` fraction).
-    Losses are divided by their mean first (``normalize_loss``), so ``radius`` is scale-free.
+    ``method`` and its knob (losses are divided by their mean first when ``normalize_loss``, so the knobs are
+    scale-free):
+
+    * ``"erm"``: uniform weights, no knob.
+    * ``"kl"``: KL-penalised, ``q ∝ exp(ℓ/λ)``, λ = ``penalty`` >= 1e-6 (larger = *less* robust).
+    * ``"chi2"``: χ²-penalised, ``q_i = (ℓ_i − η)_+/(λ n)``, λ = ``penalty`` (larger = *less* robust).
+    * ``"cvar"``: CVaR at level α = ``level`` in (0, 1], uniform on the top α fraction (larger = *less* robust).
+    * ``"kl_constrained"``: ``sup {E_q ℓ : KL(q ‖ p̂) <= ρ}``, ρ = ``radius`` (dual form, Hu & Hong 2013).
+    * ``"chi2_constrained"``: ``sup {E_q ℓ : D_χ²(q ‖ p̂) <= ρ}``, ρ = ``radius`` (dual form, Duchi & Namkoong 2021).
+    * ``"wasserstein"``: Wasserstein DRO with transport cost ``‖x − x'‖₂²`` on the (standardised) features and
+      y fixed, radius δ = ``radius``; for the squared loss of a linear model the worst-case risk is
+      ``(sqrt(E_p̂ ℓ) + sqrt(δ) ‖θ‖₂)²`` (Blanchet, Kang & Murthy 2019, "Robust Wasserstein profile inference
+      and applications to machine learning", J. Appl. Probab., Thm. 1 with q = 2), so the model minimises
+      ``sqrt(E_p̂ ℓ) + sqrt(δ) ‖θ‖₂`` (the intercept is not transported, hence not penalised). Linear model only.
+      It moves points instead of reweighting them, so ``weights_`` is p̂.
+
+    ``radius`` (larger = *more* robust) is only used by the constrained methods. Up to version 0.1 ``radius``
+    was the knob of ``kl``/``chi2``/``cvar`` (where larger meant less robust); passing it to those methods
+    raises a ``ValueError`` that names the new argument.
     """
 
-    def __init__(self, *, method: Literal["erm", "kl", "chi2", "cvar"] = "kl", radius: float = 1.0,
+    def __init__(self, *, method: Literal["erm", "kl", "chi2", "cvar", "kl_constrained", "chi2_constrained",
+                                          "wasserstein"] = "kl",
+                 penalty: float = 1.0, level: float = 0.2, radius: float | None = None,
                  normalize_loss: bool = True, model: Literal["linear", "mlp"] = "linear", hidden: int = 64,
-                 lr: float = 1e-2, max_iter: int = 500, random_state: int | None = None,
+                 lr: float = 1e-2, max_iter: int = 500, lr_decay: bool = True, random_state: int | None = None,
                  device: str = "cpu") -> None:
         self.method = method
+        self.penalty = penalty
+        self.level = level
         self.radius = radius
         self.normalize_loss = normalize_loss
         self.model = model
         self.hidden = hidden
         self.lr = lr
         self.max_iter = max_iter
+        self.lr_decay = lr_decay
         self.random_state = random_state
         self.device = device
 
+    def _check_params(self) -> None:
+        _check_common(self)
+        v.one_of("gcdro", "method", self.method, _METHODS)
+        if self.radius is not None and self.method not in _CONSTRAINED:
+            new = {"kl": "penalty (KL temperature λ)", "chi2": "penalty (χ² penalty λ)",
+                   "cvar": "level (CVaR level α)", "erm": "nothing (ERM has no knob)"}[self.method]
+            raise ValueError(f"gcdro: DRORegressor(method={self.method!r}) takes {new}, not radius: radius is the "
+                             "radius ρ of a constrained set (larger = more robust) and is only used by "
+                             f"{', '.join(_CONSTRAINED)} (renamed; the old radius of kl/chi2/cvar meant the opposite)")
+        if self.method in _CONSTRAINED:
+            if self.radius is None:
+                raise ValueError(f"gcdro: DRORegressor(method={self.method!r}) needs radius (ρ > 0)")
+            v.positive("gcdro", "radius", self.radius)
+        if self.method in _PENALISED:
+            v.positive("gcdro", "penalty", self.penalty)
+        if self.method == "kl":
+            # softmax(ℓ/λ) with λ ~ 1e-310 overflows ℓ/λ to inf and the training turns NaN
+            v.at_least("gcdro", "penalty (KL temperature)", self.penalty, _KL_MIN_TEMPERATURE)
+        if self.method == "cvar":
+            v.probability("gcdro", "level (CVaR level)", self.level, open_low=True)
+        if self.method == "wasserstein" and self.model != "linear":
+            raise ValueError("gcdro: method='wasserstein' (closed-form worst case of a linear model) needs "
+                             f"model='linear', got {self.model!r}")
+
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> DRORegressor:
-        """Train the model on the ERM / KL / χ² / CVaR risk.
+        """Train the model on the method's worst-case risk.
 
         Args:
             X: (n, d) inputs; y: (n,) targets.
             sample_weight: optional non-negative weights s_i of the empirical distribution p̂_i = s_i / Σ s_j.
                 The worst case q of the method is tilted by p̂: q_i ← p̂_i q_i / Σ_j p̂_j q_j. Exact for ERM
-                (weighted least squares) and KL (the KL worst case around p̂ is ∝ p̂_i exp(ℓ_i/λ)); for χ² and
-                CVaR a documented approximation (NOTE(deviation)). Integer weights equal repeated rows for
-                ERM and KL up to the optimiser's arithmetic.
+                (weighted least squares), KL (the KL worst case around p̂ is ∝ p̂_i exp(ℓ_i/λ)) and Wasserstein
+                (E_p̂ ℓ); for χ², CVaR and the constrained forms a documented approximation (NOTE(deviation)).
+                Integer weights equal repeated rows for ERM and KL up to the optimiser's arithmetic.
         """
-        _check_common(self)
-        v.one_of("gcdro", "method", self.method, _METHODS)
-        v.positive("gcdro", "radius", self.radius)
-        if self.method == "kl":
-            # softmax(ℓ/λ) with λ ~ 1e-310 overflows ℓ/λ to inf and the training turns NaN
-            v.at_least("gcdro", "radius (KL temperature)", self.radius, _KL_MIN_TEMPERATURE)
-        if self.method == "cvar":
-            v.probability("gcdro", "radius (CVaR level)", self.radius, open_low=True)
+        self._check_params()
         xt, yt = self._prepare(X, y, sample_weight)
         self._train(xt, yt)
         return self
 
     def _weights(self, losses: torch.Tensor) -> torch.Tensor:
-        if self.method == "erm":
+        m = self.method
+        if m in ("erm", "wasserstein"):
             return core.erm_weights(losses)
-        if self.method == "kl":
-            return core.kl_worst_case(losses, temperature=float(self.radius))
-        if self.method == "chi2":
-            return core.chi2_worst_case(losses, lam=float(self.radius))
-        return core.cvar_worst_case(losses, alpha=float(self.radius))
+        if m == "kl":
+            return core.kl_worst_case(losses, temperature=float(self.penalty))
+        if m == "chi2":
+            return core.chi2_worst_case(losses, lam=float(self.penalty))
+        if m == "cvar":
+            return core.cvar_worst_case(losses, alpha=float(self.level))
+        if m == "kl_constrained":
+            return core.kl_constrained_worst_case(losses, radius=float(self.radius), iters=60)
+        return core.chi2_constrained_worst_case(losses, radius=float(self.radius), iters=60)
+
+    def _objective(self, q: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+        if self.method != "wasserstein":
+            return (q * losses).sum()
+        risk = (q * losses).sum().clamp_min(1e-30)
+        return torch.sqrt(risk) + float(np.sqrt(self.radius)) * torch.linalg.vector_norm(self.model_.weight)
