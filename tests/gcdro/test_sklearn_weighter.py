@@ -27,11 +27,14 @@ def test_dro_regressor_passes_check_estimator():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["erm", "chi2", "cvar"])
-def test_dro_regressor_other_methods_pass_check_estimator(method):
-    skips = {} if method == "erm" else {"check_sample_weight_equivalence_on_dense_data":
-                                         "sample_weight tilts the worst case (exact for ERM and KL only)"}
-    _run_checks(DRORegressor(method=method, radius=0.5, max_iter=60, lr=0.05), skips)
+@pytest.mark.parametrize("method, knob", [("erm", {}), ("chi2", {"penalty": 0.5}), ("cvar", {"level": 0.5}),
+                                          ("kl_constrained", {"radius": 0.1}), ("chi2_constrained", {"radius": 0.1}),
+                                          ("wasserstein", {"radius": 0.01})])
+def test_dro_regressor_other_methods_pass_check_estimator(method, knob):
+    skips = {} if method in ("erm", "wasserstein") else {
+        "check_sample_weight_equivalence_on_dense_data": "sample_weight tilts the worst case (exact for ERM, KL "
+                                                         "and Wasserstein only)"}
+    _run_checks(DRORegressor(method=method, max_iter=60, lr=0.05, **knob), skips)
 
 
 @pytest.mark.slow
@@ -62,8 +65,8 @@ def test_intercept_and_coef_reproduce_predict(est):
 def test_integer_sample_weights_equal_repeated_rows(method):
     x, y = _data(n=40)
     sw = np.random.default_rng(1).integers(0, 3, size=40)
-    a = DRORegressor(method=method, radius=0.5, max_iter=100, lr=0.05).fit(x, y, sample_weight=sw)
-    b = DRORegressor(method=method, radius=0.5, max_iter=100, lr=0.05).fit(np.repeat(x, sw, 0), np.repeat(y, sw))
+    a = DRORegressor(method=method, penalty=0.5, max_iter=100, lr=0.05).fit(x, y, sample_weight=sw)
+    b = DRORegressor(method=method, penalty=0.5, max_iter=100, lr=0.05).fit(np.repeat(x, sw, 0), np.repeat(y, sw))
     np.testing.assert_allclose(a.predict(x), b.predict(x), rtol=1e-6, atol=1e-8)
 
 

@@ -4,6 +4,7 @@ from icml24.gcdro.core import (
     EdgeList,
     adaptive_step,
     chemical_potential,
+    chi2_constrained_worst_case,
     chi2_worst_case,
     cvar_worst_case,
     dirichlet_energy,
@@ -11,11 +12,14 @@ from icml24.gcdro.core import (
     gcdro_objective,
     gradient_flow,
     graph_laplacian,
+    kl_constrained_worst_case,
     kl_worst_case,
     knn_graph,
     laplacian_apply,
+    tv_from_uniform,
     upwind_flux,
 )
+from icml24.gcdro import matched
 from icml24.gcdro.estimator import GCDROREGRESSOR_SKIPS, DRORegressor, GCDRORegressor
 from icml24.gcdro.simulate import corrupt_labels, selection_bias_regression, subpopulation_regression
 from icml24.gcdro.weighter import GCDROWeighter
@@ -39,6 +43,10 @@ __all__ = [
     "kl_worst_case",
     "chi2_worst_case",
     "cvar_worst_case",
+    "kl_constrained_worst_case",
+    "chi2_constrained_worst_case",
+    "tv_from_uniform",
+    "matched",
     "selection_bias_regression",
     "subpopulation_regression",
     "corrupt_labels",

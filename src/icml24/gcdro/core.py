@@ -214,25 +214,32 @@ def upwind_flux(q: torch.Tensor, phi: torch.Tensor, edges: EdgeList) -> torch.Te
 
 
 def adaptive_step(phi: torch.Tensor, edges: EdgeList, *, step_scale: float, q: torch.Tensor | None = None,
-                  alpha: float = 0.0) -> torch.Tensor:
-    """Adaptive Euler step ``τ = c / max(rate, diffusion)``.
+                  alpha: float = 0.0, beta: float = 0.0) -> torch.Tensor:
+    """Adaptive Euler step ``τ = c / max(rate, diffusion, entropy)``.
 
-    ``rate = max_i Σ_j w_ij |Φ_j − Φ_i|``: with c < 1 every step keeps q > 0. When ``q`` is given and
-    α > 0, also the explicit-Euler limit of the Dirichlet part of the flow (a graph diffusion with
-    coefficient 2αn·q): ``diffusion = max_i Σ_j w_ij max(q_i, q_j) · 2αn (d_i + d_j)`` (Gershgorin bound),
-    without which large α makes the iterates oscillate.
+    ``rate = max_i Σ_j w_ij |Φ_j − Φ_i|``: with c < 1 every step keeps q > 0. When ``q`` is given, also the
+    explicit-Euler (Gershgorin) limits of the two q-dependent parts of Φ, without which large α or β make the
+    iterates oscillate:
 
-    NOTE(deviation): the entropy part (∂Φ_i/∂q_i = β/q_i) is not included (its bound is unusable when q spans
-    many orders of magnitude); near the equilibrium ``rate → 0`` and τ grows, so runs that must *converge*
-    (tests, fixed-loss analyses) pass ``max_step`` to :func:`gradient_flow`.
+    * Dirichlet part (a graph diffusion with coefficient 2αn·q), α > 0:
+      ``diffusion = 2αn · max_i Σ_j w_ij max(q_i, q_j) (d_i + d_j)``;
+    * entropy part (∂Φ_i/∂q_i = β/q_i), β > 0: ``entropy = 2β · max_i Σ_j w_ij max(q_j/q_i, 1 + |log(q_i/q_j)|)``
+      (the diagonal of the upwind flux's Jacobian, doubled).
 
-    Returns ``inf`` when both bounds are zero (Φ constant on every edge: an equilibrium).
+    Returns ``inf`` when every bound is zero (Φ constant on every edge: an equilibrium).
     """
     rate = (edges.w * (_gather(phi, edges) - phi.unsqueeze(1)).abs()).sum(1).max()
-    if q is not None and alpha:
-        deg = edges.degree
-        diff = edges.w * torch.maximum(q.unsqueeze(1), _gather(q, edges)) * (deg.unsqueeze(1) + _gather(deg, edges))
-        rate = torch.maximum(rate, diff.sum(1).max() * (2.0 * alpha * q.numel()))
+    if q is not None and (alpha or beta):
+        qn = _gather(q, edges)
+        qi = q.unsqueeze(1)
+        if alpha:
+            deg = edges.degree
+            diff = edges.w * torch.maximum(qi, qn) * (deg.unsqueeze(1) + _gather(deg, edges))
+            rate = torch.maximum(rate, diff.sum(1).max() * (2.0 * alpha * q.numel()))
+        if beta:
+            qi_c, qn_c = qi.clamp_min(_EPS), qn.clamp_min(_EPS)
+            stiff = torch.maximum(qn_c / qi_c, 1.0 + torch.log(qi_c / qn_c).abs())
+            rate = torch.maximum(rate, (edges.w * stiff).sum(1).max() * (2.0 * beta))
     return step_scale / rate if rate > 0 else torch.full_like(rate, float("inf"))
 
 
@@ -279,7 +286,7 @@ def gradient_flow(losses: torch.Tensor, edges: EdgeList, *, alpha: float = 1.0, 
     trace: list[float] = []
     for _ in range(n_steps):
         phi = chemical_potential(q, losses, edges, alpha=alpha, beta=beta)
-        tau = adaptive_step(phi, edges, step_scale=step_scale, q=q, alpha=alpha)
+        tau = adaptive_step(phi, edges, step_scale=step_scale, q=q, alpha=alpha, beta=beta)
         if not torch.isfinite(tau):
             break  # equilibrium reached
         if max_step is not None:

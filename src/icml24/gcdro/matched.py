@@ -38,7 +38,8 @@ def _check_level(level: float) -> None:
 
 
 def bisect_knob(weights_of: Callable[[float], torch.Tensor], level: float, *, lo: float, hi: float,
-                decreasing: bool = True, iters: int = 40, rtol: float = 0.01) -> Matched:
+                decreasing: bool = True, iters: int = 40, rtol: float = 0.01, n_grid: int = 0,
+                cache: dict[float, torch.Tensor] | None = None) -> Matched:
     """Bisection on ``log knob`` in ``[lo, hi]`` for ``TV(weights_of(knob)) = level``.
 
     Args:
@@ -48,10 +49,14 @@ def bisect_knob(weights_of: Callable[[float], torch.Tensor], level: float, *, lo
         decreasing: TV decreases as the knob grows (temperatures, penalties); else increases.
         iters: at most this many bisection steps.
         rtol: stop once ``|TV − level| <= rtol · level``.
+        n_grid: if > 0, first evaluate TV on ``n_grid`` log-spaced knobs and bisect inside the first pair of
+            neighbours (from the weak end) that straddles the level; this needs TV continuous in the knob only,
+            not monotone (an explicit flow can be non-monotone at extreme knobs).
+        cache: optional dict knob ↦ q reused across calls (e.g. several levels on the same grid).
 
     Returns:
-        :class:`Matched`; ``reached=False`` (and the strongest end's q) when the bracket's strongest end is
-        below the level.
+        :class:`Matched`; ``reached=False`` (with the closest q seen) when no knob in the bracket reaches the
+        level within ``rtol``.
     """
     _check_level(level)
     v.positive("gcdro", "lo", lo)
@@ -59,28 +64,44 @@ def bisect_knob(weights_of: Callable[[float], torch.Tensor], level: float, *, lo
         raise ValueError(f"gcdro: bisect_knob needs hi > lo, got lo={lo}, hi={hi}")
     v.integer("gcdro", "iters", iters, minimum=1)
     v.positive("gcdro", "rtol", rtol)
-    a, b = float(np.log(lo)), float(np.log(hi))
-    strong = a if decreasing else b
-    q = weights_of(float(np.exp(strong)))
-    tv = core.tv_from_uniform(q)
-    if tv < level * (1 - rtol):
-        return Matched(float(np.exp(strong)), q, tv, False)
-    best = (abs(tv - level), float(np.exp(strong)), q, tv)
-    for _ in range(iters):
-        mid = 0.5 * (a + b)
-        q = weights_of(float(np.exp(mid)))
-        tv = core.tv_from_uniform(q)
-        if abs(tv - level) < best[0]:
-            best = (abs(tv - level), float(np.exp(mid)), q, tv)
-        if abs(tv - level) <= rtol * level:
+    v.integer("gcdro", "n_grid", n_grid, minimum=0)
+    cache = {} if cache is None else cache
+    seen: list[tuple[float, torch.Tensor, float]] = []
+
+    def evaluate(log_knob: float) -> float:
+        knob = float(np.exp(log_knob))
+        if knob not in cache:
+            cache[knob] = weights_of(knob)
+        tv = core.tv_from_uniform(cache[knob])
+        seen.append((knob, cache[knob], tv))
+        return tv
+
+    def result() -> Matched:
+        knob, q, tv = min(seen, key=lambda t: abs(t[2] - level))
+        return Matched(knob, q, tv, abs(tv - level) <= rtol * level)
+
+    log_lo, log_hi = float(np.log(lo)), float(np.log(hi))
+    pts = list(np.linspace(log_lo, log_hi, max(n_grid, 2)))
+    if decreasing:
+        pts = pts[::-1]  # from the weak end (near-uniform q) to the strong end
+    weak = strong = None
+    prev = None
+    for p in pts:
+        if evaluate(p) >= level:
+            weak, strong = prev, p
             break
-        too_strong = tv > level
-        if too_strong == decreasing:  # move the knob towards less robust
-            a = mid
+        prev = p
+    if strong is None or weak is None:  # never reaches the level, or already above it at the weak end
+        return result()
+    for _ in range(iters):
+        if abs(seen[-1][2] - level) <= rtol * level:
+            break
+        mid = 0.5 * (weak + strong)
+        if evaluate(mid) >= level:
+            strong = mid
         else:
-            b = mid
-    _, knob, q, tv = best
-    return Matched(knob, q, tv, abs(tv - level) <= rtol * level)
+            weak = mid
+    return result()
 
 
 def cvar_at_tv(losses: torch.Tensor, level: float) -> Matched:
@@ -106,7 +127,7 @@ def flow_at_tv(losses: torch.Tensor, edges: core.EdgeList, level: float, *, alph
     t = 0.0
     for _ in range(max_steps):
         phi = core.chemical_potential(q, ell, edges, alpha=alpha, beta=beta)
-        tau = core.adaptive_step(phi, edges, step_scale=step_scale, q=q, alpha=alpha)
+        tau = core.adaptive_step(phi, edges, step_scale=step_scale, q=q, alpha=alpha, beta=beta)
         if not torch.isfinite(tau):
             break
         flux = core.upwind_flux(q, phi, edges)
