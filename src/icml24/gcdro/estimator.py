@@ -295,7 +295,7 @@ class DRORegressor(_BaseWeightedRegressor):
       ``sqrt(E_p̂ ℓ) + sqrt(δ) ‖θ‖₂`` (the intercept is not transported, hence not penalised). Linear model only.
       It moves points instead of reweighting them, so ``weights_`` is p̂.
 
-    ``radius`` (larger = *more* robust) is only used by the constrained methods. Up to version 0.1 ``radius``
+    ``radius`` (larger = *more* robust) is only used by the constrained methods. Previously ``radius``
     was the knob of ``kl``/``chi2``/``cvar`` (where larger meant less robust); passing it to those methods
     raises a ``ValueError`` that names the new argument.
     """
