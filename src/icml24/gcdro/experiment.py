@@ -29,7 +29,7 @@ from icml24.common.config import ExperimentConfig
 from icml24.common.config import help_text as _h
 from icml24.common.plotting import band, new_figure, save_figure
 from icml24.common.progress import progress
-from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check, paired_check
+from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check
 from icml24.common.seeding import numpy_generator, seed_everything
 from icml24.gcdro import core, matched
 from icml24.gcdro.estimator import DRORegressor, GCDRORegressor
