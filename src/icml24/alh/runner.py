@@ -3,7 +3,7 @@
 The loop follows the official ``main.py``/``main_toy.py``: ``start_steps`` random actions, then
 a = clip(π(s, h') + 𝒩(0, (expl_noise · a_max)²), ±a_max) and one agent update per environment step;
 ALH-a watches every transition and forgets at every episode end; evaluation (deterministic policy, its own
-environment reseeded to ``seed + 100`` every time, unbiased resets) calls ``forget()`` once and ``watch`` after
+environment reseeded to ``seed + 100`` every time; none during the warm-up, unbiased resets) calls ``forget()`` once and ``watch`` after
 every step of all the evaluation episodes. A checkpoint written at each evaluation holds the agent, the buffer,
 the environment and every generator, so a resumed run continues with the same numbers.
 """
@@ -78,7 +78,8 @@ def train(*, agent: TD3Agent, env: Any, eval_env: Any, total_steps: int, start_s
         total_steps: environment steps T. start_steps: random-action warm-up steps (no updates).
         batch_size: B, transitions per update (must be <= start_steps: the buffer size when training starts).
         expl_noise: exploration noise std relative to a_max (>= 0).
-        eval_every: evaluate after every ``eval_every`` steps (and once before training).
+        eval_every: evaluate at every multiple of ``eval_every`` steps from ``start_steps`` on, once before
+            training and at the end (official: also during the warm-up, where the policy does not change).
         eval_episodes: episodes per evaluation. seed: seeds the runner's generators (eval env: ``seed + 100``).
         timeout_is_terminal: store time-limit ends as terminal (official MultiNormEnv code) or bootstrap through
             them (official MuJoCo code).
@@ -158,7 +159,7 @@ def train(*, agent: TD3Agent, env: Any, eval_env: Any, total_steps: int, start_s
             log["episodes"] += 1
             if watch:
                 agent.forget()
-        if (t + 1) % eval_every == 0 or t + 1 == total_steps:
+        if ((t + 1) % eval_every == 0 and t + 1 >= start_steps) or t + 1 == total_steps:
             log["steps"].append(t + 1)
             log["returns"].append(evaluate(agent, eval_env, episodes=eval_episodes, seed=seed + 100))
             cl = float(np.mean(losses)) if losses else float("nan")
