@@ -136,7 +136,7 @@ class ALHAgent(TD3Agent):
         self.mem = SetMemory(state_dim=state_dim, action_dim=action_dim, hidden=hidden, hypo_dim=hypo_dim,
                              ae_noise=ae_noise, eps=eps).to(self.device)
         self.h0 = nn.Parameter(torch.zeros(hypo_dim, device=self.device))
-        self.mem_opt = torch.optim.Adam(self.mem.parameters(), lr=mem_lr, foreach=True)
+        self.mem_opt = torch.optim.Adam(self.mem.parameters(), lr=mem_lr, fused=True)
         self.h0_opt = torch.optim.Adam([self.h0], lr=mem_lr)
         self._h: torch.Tensor | None = None  # h', the acting hypothesis (None = h0)
 

@@ -178,8 +178,8 @@ class TD3Agent:
                              hypo_dim=_hypo_dim).to(self.device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr, foreach=True)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=lr, foreach=True)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr, fused=True)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=lr, fused=True)
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(seed + 1)
         self.total_it = 0
