@@ -349,3 +349,22 @@ def test_config_validation():
     with pytest.raises(ValueError, match="expl_noise"):
         Config(expl_noise=-1.0)
     assert Config.slow().mujoco_env == "InvertedPendulum-v5"
+
+
+def test_mujoco_inverted_pendulum_runs_and_resumes_identically(tmp_path):
+    pytest.importorskip("mujoco")
+    from icml24.alh import make_env
+
+    def go(agent, **extra):
+        return train(agent=agent, env=make_env("InvertedPendulum-v5", seed=0),
+                     eval_env=make_env("InvertedPendulum-v5", seed=100), total_steps=360, start_steps=300,
+                     batch_size=16, expl_noise=0.1, eval_every=30, eval_episodes=1, seed=0, **extra)
+
+    kw = {**KW, "state_dim": 4, "max_action": 3.0, "hypo_dim": 8, "subset_size": 4}
+    ref_agent = ALHAgent(**kw)
+    ref = go(ref_agent)
+    assert ref["steps"] == [0, 300, 330, 360] and ref["finite"] and all(r >= 1 for r in ref["returns"])
+    go(ALHAgent(**kw), checkpoint=tmp_path / "ip.pt", stop_after=330)
+    resumed = ALHAgent(**{**kw, "seed": 3})
+    assert go(resumed, checkpoint=tmp_path / "ip.pt")["returns"] == ref["returns"]
+    assert _same(_params(resumed.critic), _params(ref_agent.critic))

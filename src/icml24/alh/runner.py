@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -48,22 +47,43 @@ def evaluate(agent: TD3Agent, env: Any, *, episodes: int, seed: int) -> float:
     return total / episodes
 
 
+def _wrappers(env: Any) -> list[Any]:
+    out = [env]
+    while hasattr(out[-1], "env"):
+        out.append(out[-1].env)
+    return out
+
+
 def _env_state(env: Any) -> Any:
+    """A snapshot of the environment's state: ``get_state()`` (MultiNormEnv), MuJoCo's qpos/qvel/warm start with
+    the env's generator and time-limit counters (gymnasium MuJoCo tasks), else None."""
     if hasattr(env, "get_state"):
         return ("state", env.get_state())
-    try:
-        return ("pickle", pickle.dumps(env))
-    except Exception:  # noqa: BLE001 - env not picklable: the interrupted episode restarts on resume
-        return None
+    u = getattr(env, "unwrapped", None)
+    if u is not None and hasattr(u, "data") and hasattr(u, "set_state"):
+        d = u.data
+        steps = [w._elapsed_steps for w in _wrappers(env) if hasattr(w, "_elapsed_steps")]
+        return ("mujoco", d.qpos.copy(), d.qvel.copy(), d.qacc_warmstart.copy(), float(d.time),
+                copy.deepcopy(u.np_random.bit_generator.state), steps)
+    return None
 
 
-def _restore_env(env: Any, st: Any) -> Any:
+def _restore_env(env: Any, st: Any) -> bool:
+    """Restore a snapshot from :func:`_env_state`; False when there is none (the episode then restarts)."""
     if st is None:
-        return None
+        return False
     if st[0] == "state":
         env.set_state(st[1])
-        return env
-    return pickle.loads(st[1])
+        return True
+    _, qpos, qvel, warm, t, rng, steps = st
+    u = env.unwrapped
+    u.set_state(qpos, qvel)
+    u.data.qacc_warmstart[:] = warm
+    u.data.time = t
+    u.np_random.bit_generator.state = rng
+    for w, n in zip([w for w in _wrappers(env) if hasattr(w, "_elapsed_steps")], steps, strict=False):
+        w._elapsed_steps = n
+    return True
 
 
 def train(*, agent: TD3Agent, env: Any, eval_env: Any, total_steps: int, start_steps: int = 25_000,
@@ -123,13 +143,11 @@ def train(*, agent: TD3Agent, env: Any, eval_env: Any, total_steps: int, start_s
         rng.bit_generator.state = st["rng"]
         log = st["log"]
         t0 = st["t"]
-        restored = _restore_env(env, st["env"])
-        if restored is None:
+        if _restore_env(env, st["env"]):
+            s, ep_steps = st["obs"], st["ep_steps"]
+        else:  # NOTE: an environment without a state snapshot restarts its interrupted episode
             s, _ = env.reset()
             ep_steps = 0
-        else:
-            env = restored
-            s, ep_steps = st["obs"], st["ep_steps"]
     else:
         s, _ = env.reset(seed=seed)
         ep_steps = 0
