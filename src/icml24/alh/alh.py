@@ -94,6 +94,7 @@ class SetMemory(nn.Module):
         B·m rows as the official code does (same numbers, ≈ m times cheaper).
         """
         idx = subset_indices(x.shape[0], subset_size, generator=generator, device=x.device)
+        # NOTE(deviation): E once per row, then gathered (official: E on all B·m subset rows; same numbers)
         return self.codes(x)[idx].mean(dim=1)
 
     def dae_loss(self, x: torch.Tensor, h: torch.Tensor, *, generator: torch.Generator) -> torch.Tensor:
