@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from icml24.common import validate as v
 from icml24.alh.td3 import TD3Agent
+from icml24.common import validate as v
 
 __all__ = ["SetMemory", "ALHAgent", "subset_indices"]
 

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from icml24.common import validate as v
-from icml24.common.progress import progress
 from icml24.alh.envs import box_bounds
 from icml24.alh.td3 import ReplayBuffer, TD3Agent
+from icml24.common import validate as v
+from icml24.common.progress import progress
 
 __all__ = ["train", "evaluate"]
 
