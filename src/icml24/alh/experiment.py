@@ -1,0 +1,318 @@
+"""Reproduction of ALH (Quang & Lauw, ICML 2024; no arXiv id; official code nbtpj/ALH).
+
+Primary claim, on the paper's analysis environment ``MultiNormEnv`` with the biased early-data scheme (all
+training resets in [200, 260], warm-up actions 0, no exploration noise; evaluation from unbiased resets):
+ALH-g (and ALH-a) reach a higher evaluation return than TD3, paired per seed on the mean of the last two
+evaluations, 10 seeds. Every arm's learning rate is chosen from the same grid on separate validation seeds.
+The regime (the biased data hurts TD3) is checked by TD3 trained without the bias on the same seeds.
+The slow variant adds MuJoCo ``InvertedPendulum-v5`` (ALH no worse than TD3 by 5% of the return range).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.stats as st
+
+from icml24.alh.alh import ALHAgent
+from icml24.alh.envs import box_bounds, make_env
+from icml24.alh.runner import train
+from icml24.alh.td3 import TD3Agent
+from icml24.common import validate as val
+from icml24.common.config import ExperimentConfig, help_text
+from icml24.common.plotting import new_figure, save_figure
+from icml24.common.progress import progress
+from icml24.common.results import ClaimCheck, RunRecorder, RunResult, paired_check
+from icml24.common.seeding import seed_everything
+
+SLUG = "alh"
+ARMS = ("td3", "alh_g", "alh_a")
+_LABELS = {"td3": "TD3", "alh_g": "ALH-g", "alh_a": "ALH-a", "td3_unbiased": "TD3 (unbiased data)"}
+_COLORS = {"td3": "tab:blue", "alh_g": "tab:red", "alh_a": "tab:orange", "td3_unbiased": "tab:gray"}
+
+
+@dataclass(frozen=True)
+class Config(ExperimentConfig):
+    seeds: tuple[int, ...] = field(default=tuple(range(10)), metadata=help_text(
+        "test seeds (official: 10 seeds 0-9 online; issue: 10)"))
+    val_seeds: tuple[int, ...] = field(default=(100,), metadata=help_text(
+        "validation seeds used only to pick each arm's lr (ours; disjoint from the test seeds; 1 for CPU)"))
+    lr_grid: tuple[float, ...] = field(default=(3e-4, 1e-3), metadata=help_text(
+        "Adam lr grid shared by all networks of an arm, same budget for every tuned arm (official: 3e-4)"))
+    tune_arms: tuple[str, ...] = field(default=("td3", "alh_g"), metadata=help_text(
+        "arms tuned on the grid; ALH-a takes ALH-g's lr (ours: the same ALH networks)"))
+    total_steps: int = field(default=27_000, metadata=help_text(
+        "environment steps per run incl. warm-up: 2k updates (official toy: 2e6; notes' CPU set: 45k; CPU budget)"))
+    start_steps: int = field(default=25_000, metadata=help_text("random-action warm-up steps (official: 25k)"))
+    eval_every: int = field(default=500, metadata=help_text(
+        "evaluation period in steps after the warm-up (official: 5000 over 2M steps)"))
+    eval_episodes: int = field(default=10, metadata=help_text("episodes per evaluation (official: 10)"))
+    batch_size: int = field(default=128, metadata=help_text("B (official toy: 512; notes' CPU set: 128)"))
+    subset_size: int = field(default=32, metadata=help_text("m, rows per subset (official toy: 128; CPU: 32)"))
+    hidden: int = field(default=64, metadata=help_text("actor/critic width (official toy: 64)"))
+    mem_hidden: int = field(default=64, metadata=help_text("E/D width (official toy: 64)"))
+    hypo_dim: int = field(default=64, metadata=help_text("k, hypothesis size (official: 64)"))
+    expl_noise: float = field(default=0.0, metadata=help_text(
+        "exploration noise / a_max during training (official bias scheme: 0)"))
+    biased: bool = field(default=True, metadata=help_text("the biased early-data scheme (official 'hard')"))
+    regime_seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=help_text(
+        "seeds (a subset of seeds) on which TD3 also trains on unbiased data, TD3's tuned lr: the regime sanity "
+        "check; () = off (ours; 5 for CPU)"))
+    mujoco_env: str = field(default="", metadata=help_text(
+        "gymnasium id of the MuJoCo sanity task ('' = off; slow variant: InvertedPendulum-v5)"))
+    mujoco_seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=help_text(
+        "seeds of the MuJoCo task (issue: 5)"))
+    mujoco_steps: int = field(default=50_000, metadata=help_text("MuJoCo steps incl. warm-up (issue: 50k)"))
+    mujoco_start: int = field(default=25_000, metadata=help_text("MuJoCo warm-up steps (official: 25k)"))
+    mujoco_eval_every: int = field(default=5_000, metadata=help_text("MuJoCo eval period (official: 5000)"))
+    mujoco_batch: int = field(default=256, metadata=help_text("MuJoCo B (official: 256)"))
+    mujoco_hidden: int = field(default=256, metadata=help_text("MuJoCo actor/critic width (official: 256)"))
+    mujoco_mem_hidden: int = field(default=64, metadata=help_text("MuJoCo E/D width (official 256; CPU 64)"))
+    mujoco_subset: int = field(default=32, metadata=help_text("MuJoCo m (official B/2 = 128; CPU 32)"))
+    mujoco_return_range: float = field(default=1000.0, metadata=help_text(
+        "return range of the MuJoCo task (InvertedPendulum: 0-1000) for the 5% margin (issue)"))
+    margin_fraction: float = field(default=0.05, metadata=help_text(
+        "MuJoCo no-worse margin as a fraction of the return range (issue: 5%)"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        w = "Config"
+        val.each(w, "val_seeds", self.val_seeds, val.integer, minimum=0)
+        if set(self.val_seeds) & set(self.seeds):
+            raise ValueError(f"{w}: val_seeds {self.val_seeds} must be disjoint from seeds {self.seeds}")
+        val.each(w, "lr_grid", self.lr_grid, val.positive)
+        if not set(self.regime_seeds) <= set(self.seeds):
+            raise ValueError(f"{w}: regime_seeds {self.regime_seeds} must be a subset of seeds {self.seeds}")
+        val.each(w, "tune_arms", self.tune_arms, val.one_of, ARMS)
+        for name in ("total_steps", "eval_every", "eval_episodes", "batch_size", "subset_size", "hidden",
+                     "mem_hidden", "mujoco_steps", "mujoco_eval_every", "mujoco_batch", "mujoco_hidden",
+                     "mujoco_mem_hidden", "mujoco_subset"):
+            val.integer(w, name, getattr(self, name), minimum=1)
+        val.integer(w, "hypo_dim", self.hypo_dim, minimum=1)
+        val.integer(w, "start_steps", self.start_steps, minimum=0)
+        val.integer(w, "mujoco_start", self.mujoco_start, minimum=0)
+        val.non_negative(w, "expl_noise", self.expl_noise)
+        val.positive(w, "mujoco_return_range", self.mujoco_return_range)
+        val.probability(w, "margin_fraction", self.margin_fraction)
+        if self.batch_size > self.start_steps:
+            raise ValueError(f"{w}: batch_size ({self.batch_size}) is larger than the buffer when training starts "
+                             f"(start_steps={self.start_steps})")
+        if self.mujoco_env and self.mujoco_batch > self.mujoco_start:
+            raise ValueError(f"{w}: mujoco_batch ({self.mujoco_batch}) is larger than the buffer when training "
+                             f"starts (mujoco_start={self.mujoco_start})")
+        if self.total_steps - self.start_steps < 2 * self.eval_every:
+            raise ValueError(f"{w}: total_steps - start_steps must cover >= 2 evaluations of training "
+                             f"(eval_every={self.eval_every})")
+
+    @classmethod
+    def quick(cls) -> Config:
+        return cls(seeds=(0, 1), val_seeds=(100,), lr_grid=(3e-4,), total_steps=1_500, start_steps=1_000,
+                   eval_every=250, eval_episodes=2, batch_size=32, subset_size=8, hidden=32, mem_hidden=32,
+                   hypo_dim=16, regime_seeds=(0, 1))
+
+    @classmethod
+    def slow(cls) -> Config:
+        """The full run plus the MuJoCo InvertedPendulum-v5 sanity task (50k steps, 5 seeds)."""
+        return cls(mujoco_env="InvertedPendulum-v5")
+
+
+def _agent(arm: str, *, state_dim: int, action_dim: int, max_action: float, lr: float, seed: int, hidden: int,
+           mem_hidden: int, hypo_dim: int, subset_size: int, device: str) -> TD3Agent:
+    kw = dict(state_dim=state_dim, action_dim=action_dim, max_action=max_action, hidden=hidden, lr=lr, seed=seed,
+              device=device)
+    if arm.startswith("td3"):
+        return TD3Agent(**kw)
+    return ALHAgent(variant=arm[-1], hypo_dim=hypo_dim, mem_hidden=mem_hidden, subset_size=subset_size,
+                    mem_lr=lr, **kw)
+
+
+def run_one(cfg: Config, *, arm: str, seed: int, lr: float, biased: bool | None = None, mujoco: bool = False,
+            checkpoint: Path | None = None) -> dict[str, Any]:
+    """Train one arm on one seed; returns the evaluation curve and ``final`` = mean of the last two evaluations."""
+    seed_everything(seed)
+    if mujoco:
+        env, eval_env = make_env(cfg.mujoco_env, seed=seed), make_env(cfg.mujoco_env, seed=seed + 100)
+        sizes = dict(hidden=cfg.mujoco_hidden, mem_hidden=cfg.mujoco_mem_hidden, subset_size=cfg.mujoco_subset)
+        loop = dict(total_steps=cfg.mujoco_steps, start_steps=cfg.mujoco_start, batch_size=cfg.mujoco_batch,
+                    expl_noise=0.1, eval_every=cfg.mujoco_eval_every, timeout_is_terminal=False)
+    else:
+        b = cfg.biased if biased is None else biased
+        env, eval_env = make_env("MultiNormEnv", biased=b, seed=seed), make_env("MultiNormEnv", seed=seed + 100)
+        sizes = dict(hidden=cfg.hidden, mem_hidden=cfg.mem_hidden, subset_size=cfg.subset_size)
+        loop = dict(total_steps=cfg.total_steps, start_steps=cfg.start_steps, batch_size=cfg.batch_size,
+                    expl_noise=cfg.expl_noise, eval_every=cfg.eval_every, timeout_is_terminal=True)
+    sd, ad, ma = box_bounds("alh", env)
+    agent = _agent(arm, state_dim=sd, action_dim=ad, max_action=ma, lr=lr, seed=seed, hypo_dim=cfg.hypo_dim,
+                   device=cfg.device, **sizes)
+    log = train(agent=agent, env=env, eval_env=eval_env, eval_episodes=cfg.eval_episodes, seed=seed,
+                checkpoint=checkpoint, desc=f"{SLUG} {arm} s{seed}", **loop)
+    log["final"] = float(np.mean(log["returns"][-2:]))
+    log["lr"] = lr
+    return log
+
+
+def _cached(cache: Path, key: str, fn: Any) -> dict[str, Any]:
+    """Run ``fn()`` unless ``cache/key.json`` exists (a rerun of an interrupted experiment skips finished runs)."""
+    path = cache / f"{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    out = fn()
+    path.write_text(json.dumps(out))
+    return out
+
+
+def _iqm(final: dict[str, list[float]], reps: int) -> dict[str, dict[str, float]]:
+    """rliable IQM of the per-seed scores with stratified-bootstrap 95% CIs."""
+    try:
+        from rliable import library as rly
+        from rliable import metrics
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError("alh: IQM needs rliable; install the extra: pip install 'icml24[rl]'") from e
+    scores = {arm: np.asarray(v, float)[:, None] for arm, v in final.items()}
+    with warnings.catch_warnings():  # arch's FutureWarning about RandomState, raised inside rliable
+        warnings.simplefilter("ignore", FutureWarning)
+        point, ci = rly.get_interval_estimates(scores, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps,
+                                               random_state=np.random.RandomState(0))
+    return {arm: {"iqm": float(point[arm][0]), "ci_low": float(ci[arm][0, 0]), "ci_high": float(ci[arm][1, 0])}
+            for arm in scores}
+
+
+def _curve_plot(ax: Any, curves: dict[str, list[dict[str, Any]]], title: str) -> None:
+    for arm, logs in curves.items():
+        x = np.asarray(logs[0]["steps"])
+        y = np.asarray([lg["returns"] for lg in logs], float)
+        m = y.mean(0)
+        if y.shape[0] > 1:
+            half = st.t.ppf(0.975, y.shape[0] - 1) * y.std(0, ddof=1) / math.sqrt(y.shape[0])
+        else:
+            half = np.zeros_like(m)
+        (line,) = ax.plot(x, m, label=f"{_LABELS[arm]} (n={y.shape[0]})", color=_COLORS[arm])
+        ax.fill_between(x, m - half, m + half, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set(title=title, xlabel="environment steps", ylabel="evaluation return (mean, 95% t CI)")
+    ax.legend(fontsize=8)
+
+
+def run(cfg: Config, out_dir: Path) -> RunResult:
+    out_dir = Path(out_dir)
+    rec = RunRecorder(SLUG, cfg, out_dir)
+    keyed = {k: v for k, v in cfg.to_dict().items() if k not in ("seeds", "val_seeds", "mujoco_seeds", "threads")}
+    cache = out_dir / "cache" / hashlib.sha1(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
+    cache.mkdir(parents=True, exist_ok=True)
+    if cfg.mujoco_env:  # fail early, before any compute, when the extra is missing
+        make_env(cfg.mujoco_env, seed=0).close()
+
+    # 1) tuning: each tuned arm tries every lr on the validation seeds (same budget for every arm)
+    tune_jobs = [(arm, lr, s) for arm in cfg.tune_arms for lr in cfg.lr_grid for s in cfg.val_seeds]
+    tune: dict[tuple[str, float], list[float]] = {}
+    if len(cfg.lr_grid) > 1:
+        for arm, lr, s in progress(tune_jobs, desc=f"{SLUG} tune"):
+            r = _cached(cache, f"tune_{arm}_{lr:g}_{s}", lambda arm=arm, lr=lr, s=s: run_one(cfg, arm=arm, seed=s,
+                                                                                            lr=lr))
+            tune.setdefault((arm, lr), []).append(r["final"])
+    lr_of: dict[str, float] = {}
+    for arm in ARMS:
+        src = arm if arm in cfg.tune_arms else "alh_g" if arm.startswith("alh") and "alh_g" in cfg.tune_arms else arm
+        if src in cfg.tune_arms and len(cfg.lr_grid) > 1:
+            lr_of[arm] = max(cfg.lr_grid, key=lambda lr, a=src: float(np.mean(tune[a, lr])))
+        else:
+            lr_of[arm] = cfg.lr_grid[0]
+
+    # 2) test runs: every arm on every seed, plus TD3 on unbiased data (the regime control)
+    control = bool(cfg.regime_seeds) and cfg.biased
+    arms = list(ARMS) + (["td3_unbiased"] if control else [])
+    logs: dict[str, dict[int, dict[str, Any]]] = {a: {} for a in arms}
+    jobs = [(a, s) for s in cfg.seeds for a in ARMS] + [("td3_unbiased", s) for s in cfg.regime_seeds if control]
+    for a, s in progress(jobs, desc=f"{SLUG} test"):
+        lr = lr_of["td3" if a == "td3_unbiased" else a]
+        logs[a][s] = _cached(cache, f"test_{a}_{s}", lambda a=a, s=s, lr=lr: run_one(
+            cfg, arm=a.replace("_unbiased", ""), seed=s, lr=lr, biased=False if a == "td3_unbiased" else None))
+
+    # 3) MuJoCo sanity task (slow variant), resumable through per-run checkpoints
+    mj: dict[str, dict[int, dict[str, Any]]] = {}
+    if cfg.mujoco_env:
+        mj = {a: {} for a in ("td3", "alh_g")}
+        for a, s in progress([(a, s) for s in cfg.mujoco_seeds for a in mj], desc=f"{SLUG} {cfg.mujoco_env}"):
+            mj[a][s] = _cached(cache, f"mujoco_{a}_{s}", lambda a=a, s=s: run_one(
+                cfg, arm=a, seed=s, lr=3e-4, mujoco=True, checkpoint=cache / f"ckpt_mujoco_{a}_{s}.pt"))
+
+    for s in cfg.seeds:
+        rec.add_seed(s, {a: {"final_return": logs[a][s]["final"], "last_return": logs[a][s]["returns"][-1],
+                             "mean_return": float(np.mean(logs[a][s]["returns"][1:])),
+                             "finite_losses": int(logs[a][s]["finite"])} for a in arms if s in logs[a]})
+
+    paper = "official curves, bias scheme, 10 seeds: ALH-g − TD3 = +4.6 at 75k steps (+7.5 at 2M); issue: ≈ +2"
+    checks: list[ClaimCheck] = [
+        rec.paired(name="ALH-g beats TD3 on biased early data (mean of last 2 evals)", metric="final_return",
+                   method_arm="alh_g", baseline_arm="td3", direction=">=", threshold=0.0, kind="claim",
+                   paper_value=paper),
+        rec.paired(name="ALH-a beats TD3 on biased early data (mean of last 2 evals)", metric="final_return",
+                   method_arm="alh_a", baseline_arm="td3", direction=">=", threshold=0.0, kind="claim",
+                   paper_value="official curves: ALH-a − TD3 = +4.3 at 75k steps (+4.7 at 2M)"),
+    ]
+    if control:
+        checks.append(paired_check(
+            name="regime: the biased data hurts TD3 (TD3 unbiased − TD3 biased > 0)", metric="final_return",
+            method=[logs["td3_unbiased"][s]["final"] for s in cfg.regime_seeds],
+            baseline=[logs["td3"][s]["final"] for s in cfg.regime_seeds], method_arm="td3_unbiased",
+            baseline_arm="td3", direction=">=", threshold=0.0, kind="sanity",
+            paper_value="official TD3 at 2M: −2.7 unbiased vs −9.7 biased"))
+    n_bad = sum(1 - lg["finite"] for a in arms for lg in logs[a].values())
+    n_all = sum(len(logs[a]) for a in arms)
+    checks.append(ClaimCheck(name="every run's critic loss stays finite", metric="nonfinite_runs",
+                             measured=float(n_bad), threshold=0.0, direction="<=", kind="sanity",
+                             detail=f"{n_bad} of {n_all} runs had a non-finite critic loss"))
+    mj_summary: dict[str, Any] = {}
+    if mj:
+        margin = cfg.margin_fraction * cfg.mujoco_return_range
+        c = paired_check(name=f"{cfg.mujoco_env}: ALH-g no worse than TD3 by {cfg.margin_fraction:.0%} of the "
+                              "return range", metric="mujoco_final_return",
+                         method=[mj["alh_g"][s]["final"] for s in cfg.mujoco_seeds],
+                         baseline=[mj["td3"][s]["final"] for s in cfg.mujoco_seeds], direction=">=",
+                         threshold=-margin, kind="sanity", method_arm="alh_g", baseline_arm="td3",
+                         paper_value="official curves: both reach 1000 (no early-speed gain)")
+        checks.append(c)
+        mj_summary = {a: {"final": [mj[a][s]["final"] for s in cfg.mujoco_seeds],
+                          "curves": [mj[a][s]["returns"] for s in cfg.mujoco_seeds],
+                          "steps": mj[a][cfg.mujoco_seeds[0]]["steps"]} for a in mj}
+
+    # rliable IQM (stratified bootstrap over seeds; one task)
+    finals = {a: [logs[a][s]["final"] for s in cfg.seeds if s in logs[a]] for a in arms}
+    iqm = _iqm(finals, reps=2000 if len(cfg.seeds) >= 5 else 200)
+
+    # plots
+    artifacts = []
+    fig, axes = new_figure(2 if mj else 1, width=6.0)
+    _curve_plot(axes[0], {a: list(logs[a].values()) for a in arms},
+                f"MultiNormEnv ({'biased' if cfg.biased else 'unbiased'} training data)")
+    if mj:
+        _curve_plot(axes[1], {a: [mj[a][s] for s in cfg.mujoco_seeds] for a in mj}, cfg.mujoco_env)
+    artifacts.append(save_figure(fig, out_dir / "eval_return.png"))
+    fig, axes = new_figure(1, width=5.0)
+    ax = axes[0]
+    for i, a in enumerate(arms):
+        ax.errorbar([i], [iqm[a]["iqm"]], yerr=[[iqm[a]["iqm"] - iqm[a]["ci_low"]], [iqm[a]["ci_high"] - iqm[a]["iqm"]]],
+                    fmt="o", color=_COLORS[a], capsize=4)
+        ax.scatter(np.full(len(finals[a]), i) + 0.15, finals[a], s=8, color=_COLORS[a], alpha=0.5)
+    ax.set_xticks(range(len(arms)), [_LABELS[a] for a in arms], rotation=15)
+    ax.set(title="final return: IQM, 95% stratified-bootstrap CI (dots: seeds)", ylabel="mean of last 2 evals")
+    artifacts.append(save_figure(fig, out_dir / "iqm.png"))
+
+    extra = {
+        "tuned_lr": lr_of,
+        "val_final_return": {f"{a}@{lr:g}": v for (a, lr), v in tune.items()},
+        "iqm_final_return": iqm,
+        "curves": {a: {"steps": next(iter(logs[a].values()))["steps"],
+                       "seeds": list(logs[a]), "returns": [lg["returns"] for lg in logs[a].values()]} for a in arms},
+        "mujoco": mj_summary,
+    }
+    result = rec.finish(checks, artifacts=artifacts, extra=extra)
+    shutil.rmtree(out_dir / "cache", ignore_errors=True)  # finished: the per-run cache is only for resuming
+    return result
