@@ -30,16 +30,20 @@ from icml24.common import validate as val
 from icml24.common.nets import TinyViT
 from icml24.spikezip_tf.qann import (
     QAttention,
+    QSelfAttention,
     Quantizer,
+    _is_hf_self_attention,
+    _is_qkv_attention,
     additive_mask,
     check_activations,
     check_mask,
+    is_hf_encoder,
     quantizers,
 )
 from icml24.spikezip_tf.text import TinyTextEncoder
 
 __all__ = ["STBIFNeuron", "SpikeLinear", "SpikeConv2d", "SpikeMatmul", "SpikingSoftmax", "SpikingLayerNorm",
-           "SpikingAttention", "SpikingModel", "SimulationResult", "convert", "simulate", "count_macs",
+           "SpikingAttention", "SpikingSelfAttention", "SpikingModel", "SimulationResult", "convert", "simulate", "count_macs",
            "register_runner"]
 
 
@@ -374,6 +378,47 @@ class SpikingAttention(_Stateful):
         return self.quan_proj(self.proj(o))
 
 
+class SpikingSelfAttention(_Stateful):
+    """Spike-equivalent Hugging Face BERT/RoBERTa self-attention (official ``SRobertaSelfAttention``), converted
+    from a :class:`~icml24.spikezip_tf.qann.QSelfAttention`; returns the context ``(B, N, C)`` of each step
+    (the key mask ``(B, N)`` joins the scores at the first step only)."""
+
+    def __init__(self, qattn: QSelfAttention, **neuron_kw) -> None:
+        super().__init__()
+        self.num_attention_heads, self.attention_head_size = qattn.num_attention_heads, qattn.attention_head_size
+        self.all_head_size, self.scaling = qattn.all_head_size, qattn.scaling
+        self.query, self.key, self.value = SpikeLinear(qattn.query), SpikeLinear(qattn.key), SpikeLinear(qattn.value)
+        for name in ("query_quan", "key_quan", "value_quan", "attn_quan", "after_attn_quan"):
+            setattr(self, name, STBIFNeuron.from_quantizer(getattr(qattn, name), **neuron_kw))
+        self.qk = SpikeMatmul()
+        self.softmax = SpikingSoftmax(dim=-1)
+        self.av = SpikeMatmul()
+        self.reset()
+
+    def reset(self) -> None:
+        self.first = True
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(*x.shape[:-1], self.num_attention_heads, self.attention_head_size).transpose(-3, -2)
+
+    def forward(self, hidden_states: torch.Tensor, mask: torch.Tensor | None = None, **_: object) -> torch.Tensor:
+        b, n, _c = hidden_states.shape
+        check_mask(mask, b // self.steps, n)
+        q = self._heads(self.query_quan(self.query(hidden_states)))
+        k = self._heads(self.key_quan(self.key(hidden_states)))
+        v = self._heads(self.value_quan(self.value(hidden_states)))
+        s = self.qk(q, k.transpose(-1, -2)) * self.scaling
+        if self.first:
+            m = additive_mask(mask, s.dtype)
+            if m is not None:
+                n0 = b // self.steps
+                s[:n0] = s[:n0] + m
+        self.first = False
+        a = self.attn_quan(self.softmax(s))
+        ctx = self.after_attn_quan(self.av(a, v)).transpose(-3, -2)
+        return ctx.reshape(*ctx.shape[:-2], self.all_head_size)
+
+
 # ---------------------------------------------------------------------------------------------- runners
 # A runner performs time steps of a converted top-level model: (net, x, t, steps=T, **kw) -> outputs, with x the
 # encoded input of the T steps t, ..., t + T - 1 stacked along dim 0 ((T * B, ...), see _Stateful) and the
@@ -414,10 +459,87 @@ def _text_step(net: TinyTextEncoder, ids: torch.Tensor, t: int, steps: int = 1, 
     return net.head(net.norm(h)[:, 0])
 
 
+def _is_vit_layout(m: nn.Module) -> bool:
+    """timm-layout ViT: ``patch_embed.proj``, ``pos_embed``, ``blocks``, ``norm``, ``head``."""
+    return (hasattr(getattr(m, "patch_embed", None), "proj") and isinstance(getattr(m, "pos_embed", None), torch.Tensor)
+            and hasattr(m, "blocks") and hasattr(m, "norm") and hasattr(m, "head"))
+
+
+def _timm_vit_step(net: nn.Module, x: torch.Tensor, t: int, steps: int = 1, **_: object) -> torch.Tensor:
+    """timm ``VisionTransformer.forward`` one chunk at a time: prefix tokens and positions at t = 0 only."""
+    h = net.patch_embed(x)
+    if h.dim() == 4:  # NHWC output (timm's dynamic_img_size / flatten=False)
+        h = h.flatten(1, 2)
+    tb, _n, c = h.shape
+    b = tb // steps
+    prefix = [tok for tok in (getattr(net, "cls_token", None), getattr(net, "reg_token", None)) if tok is not None]
+    n_prefix = sum(tok.shape[1] for tok in prefix)
+    pos = net.pos_embed.to(h.dtype)
+    if t == 0:
+        h0, toks = h[:b], [tok.to(h.dtype).expand(b, -1, -1) for tok in prefix]
+        if getattr(net, "no_embed_class", False):
+            first = torch.cat([*toks, h0 + pos], dim=1)
+        else:
+            first = torch.cat([*toks, h0], dim=1) + pos
+        if steps > 1:
+            h = torch.cat([first, torch.cat([h.new_zeros(tb - b, n_prefix, c), h[b:]], dim=1)])
+        else:
+            h = first
+    else:
+        h = torch.cat([h.new_zeros(tb, n_prefix, c), h], dim=1)
+    for name in ("pos_drop", "patch_drop", "norm_pre"):
+        if isinstance(getattr(net, name, None), nn.Module):
+            h = getattr(net, name)(h)
+    h = net.norm(net.blocks(h))
+    pool = getattr(net, "global_pool", "token")
+    if pool == "token":
+        h = h[:, 0]
+    elif pool == "avg":
+        h = h[:, n_prefix:].mean(dim=1)
+    elif pool:
+        raise NotImplementedError(f"spikezip_tf: global_pool={pool!r} is not supported")
+    for name in ("fc_norm", "head_drop"):
+        if isinstance(getattr(net, name, None), nn.Module):
+            h = getattr(net, name)(h)
+    return net.head(h)
+
+
+def _hf_embed(emb: nn.Module, ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+    """The embeddings' sum (word + position + token type) before their LayerNorm, by the model's own forward."""
+    saved = emb._modules["LayerNorm"], emb._modules.get("dropout")
+    emb._modules["LayerNorm"] = nn.Identity()
+    if saved[1] is not None:
+        emb._modules["dropout"] = nn.Identity()
+    try:
+        return emb(input_ids=ids, token_type_ids=token_type_ids)
+    finally:
+        emb._modules["LayerNorm"] = saved[0]
+        if saved[1] is not None:
+            emb._modules["dropout"] = saved[1]
+
+
+def _hf_step(net: nn.Module, ids: torch.Tensor, t: int, steps: int = 1, mask: torch.Tensor | None = None,
+             token_type_ids: torch.Tensor | None = None, **_: object) -> torch.Tensor:
+    """A Hugging Face BERT/RoBERTa encoder, one chunk: returns the ``last_hidden_state`` increments."""
+    emb = net.embeddings
+    w = emb.word_embeddings.weight
+    if t == 0:
+        e = _hf_embed(emb, ids, token_type_ids).to(w.dtype)
+    else:
+        e = w.new_zeros(ids.shape[0], ids.shape[1], w.shape[1])
+    h = emb.LayerNorm(_first_rows(e, t, steps))
+    for layer in net.encoder.layer:
+        a = layer.attention.self(h, mask=mask)
+        a = layer.attention.output(a, h)  # dense -> neuron -> LayerNorm(. + h)
+        h = layer.output(layer.intermediate(a), a)
+    return h
+
+
 _RUNNERS: dict[type[nn.Module], tuple[Runner, bool, bool]] = {TinyViT: (_vit_step, True, True),
                                                               TinyTextEncoder: (_text_step, False, True)}
 # structural runners, tried in order after the registered types: (predicate, runner, zero_input_after_first)
-_STRUCTURAL: list[tuple[Callable[[nn.Module], bool], Runner, bool]] = []
+_STRUCTURAL: list[tuple[Callable[[nn.Module], bool], Runner, bool]] = [(_is_vit_layout, _timm_vit_step, True),
+                                                                       (is_hf_encoder, _hf_step, False)]
 
 
 def register_runner(model_type: type[nn.Module], runner: Runner, *, zero_input_after_first: bool,
@@ -527,6 +649,8 @@ def _convert_children(module: nn.Module, prefix: str, neuron_kw: dict) -> None:
             new = STBIFNeuron.from_quantizer(child, **neuron_kw)
         elif isinstance(child, QAttention):
             new = SpikingAttention(child, **neuron_kw)
+        elif isinstance(child, QSelfAttention):
+            new = SpikingSelfAttention(child, **neuron_kw)
         elif isinstance(child, nn.Linear):
             new = SpikeLinear(child)
         elif isinstance(child, nn.Conv2d):
@@ -538,8 +662,8 @@ def _convert_children(module: nn.Module, prefix: str, neuron_kw: dict) -> None:
                 raise TypeError(f"spikezip_tf: ReLU at '{path}' does not follow an unsigned quantizer; quantize "
                                 f"the model first (quantize() merges each FFN ReLU into one)")
             new = nn.Identity()  # the unsigned ST-BIF neuron already realises max(., 0)
-        elif isinstance(child, nn.Dropout):
-            new = nn.Identity()
+        elif isinstance(child, nn.Dropout) or type(child).__name__ == "DropPath":
+            new = nn.Identity()  # eval mode: identities
         elif isinstance(child, (nn.Identity, nn.Embedding)):
             new = None  # embeddings are used by the runner at t = 0 only
         elif len(list(child.children())) == 0 and type(child) not in (nn.Sequential, nn.ModuleList):
@@ -561,7 +685,9 @@ def convert(qann: nn.Module, *, dtype: torch.dtype | None = None, v_init: float 
     Dropout -> Identity. The QANN is not modified.
 
     Args:
-        qann: a quantized ``TinyViT`` or ``TinyTextEncoder`` (or a type added with :func:`register_runner`).
+        qann: a quantized ``TinyViT``, ``TinyTextEncoder``, timm-layout ViT, Hugging Face BERT/RoBERTa encoder
+            (recognised by structure; its steps return ``last_hidden_state``), or a type added with
+            :func:`register_runner`.
         dtype: cast the spiking network to this dtype (e.g. ``torch.float64`` for exact checks).
         v_init: initial membrane in threshold units (paper 1/2; 0 is the "no half-threshold" ablation).
         negative_spikes: allow -1 spikes (paper True; False is the "no negative spikes" ablation);
@@ -580,7 +706,7 @@ def convert(qann: nn.Module, *, dtype: torch.dtype | None = None, v_init: float 
     runner, zero_after, multi = _runner_for(qann)
     if not quantizers(qann):
         raise ValueError("spikezip_tf: the model has no quantizers; call quantize() (and train it) before convert()")
-    if isinstance(qann, (Quantizer, QAttention)):
+    if isinstance(qann, (Quantizer, QAttention, QSelfAttention)):
         raise TypeError("spikezip_tf: convert() takes a whole model, not a single layer")
     if not (isinstance(negative_spikes, bool) or negative_spikes in ("signed", "unsigned")):
         raise ValueError(f"spikezip_tf: negative_spikes must be True, False, 'signed' or 'unsigned', "
@@ -762,14 +888,12 @@ def count_macs(model: nn.Module, *args: torch.Tensor, **kwargs: torch.Tensor) ->
             macs[name + ".matmul"] = macs.get(name + ".matmul", 0.0) + 2.0 * b * n * n * c
         return h
 
-    from icml24.common.nets import Attention
-
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear):
             hooks.append(m.register_forward_hook(lin(name)))
         elif isinstance(m, nn.Conv2d):
             hooks.append(m.register_forward_hook(conv(name)))
-        elif isinstance(m, (Attention, QAttention)):
+        elif (isinstance(m, (QAttention, QSelfAttention)) or _is_qkv_attention(m) or _is_hf_self_attention(m)):
             hooks.append(m.register_forward_hook(att(name)))
     was = model.training
     model.eval()
