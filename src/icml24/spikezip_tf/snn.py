@@ -812,7 +812,8 @@ class SimulationResult:
 
 @torch.no_grad()
 def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiescent: bool = True,
-             mask: torch.Tensor | None = None, chunk: int | None = None) -> SimulationResult:
+             mask: torch.Tensor | None = None, chunk: int | None = None,
+             skip_after_quiescence: bool = True) -> SimulationResult:
     """Run ``snn`` with analog encoding (``x`` at t = 0, zeros after) from a fresh reset.
 
     Args:
@@ -827,6 +828,9 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
             the steps in place. ``1`` is the step-by-step reference path. Quiescence is checked after each
             chunk; past it every output is exactly zero, so the remaining steps are cut (``until_quiescent``) or
             filled with zeros. Outputs are identical for every ``chunk``.
+        skip_after_quiescence: without ``until_quiescent``, fill the steps after the first silent step with zeros
+            instead of simulating them (exact: with zero input nothing can spike again). ``False`` simulates them,
+            e.g. to check that the network indeed stays quiet.
 
     Returns:
         A :class:`SimulationResult`.
@@ -891,7 +895,7 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
         spikes_step.extend(totals[:keep])
         sops_step.append(step_sops[:keep])
         t += steps
-        if quiet is not None:
+        if quiet is not None and (until_quiescent or skip_after_quiescence):
             if not until_quiescent and t < max_steps:
                 # every later step is silent with exactly zero outputs and no synaptic events (the input is zero
                 # after t = 0): fill them in instead of computing them
