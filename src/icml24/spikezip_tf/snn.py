@@ -102,8 +102,8 @@ def _events_per_step(x: torch.Tensor, steps: int) -> torch.Tensor:
 
 def _fed_steps(x: torch.Tensor) -> list[bool]:
     """Whether step t of ``x`` ``(T, ...)`` has any non-zero entry (one pass, one host sync)."""
-    flat = x.reshape(x.shape[0], -1)
-    return ((flat.amax(1) > 0) | (flat.amin(1) < 0)).tolist()
+    dims = tuple(range(1, x.dim()))  # reduce in place of a reshape, which would copy a strided x
+    return ((x.amax(dims) > 0) | (x.amin(dims) < 0)).tolist()
 
 
 def _per_step_into(x: torch.Tensor, active: list[bool], shape: tuple[int, ...],
