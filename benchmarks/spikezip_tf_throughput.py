@@ -95,7 +95,7 @@ def vit_section(a: argparse.Namespace) -> dict:
         r_s = simulate(snn, x, max_steps=T, until_quiescent=False, chunk=1)
         outs[T] = r_m.outputs
         assert torch.equal(r_m.outputs, r_s.outputs), "multi-step and step-by-step outputs differ"
-    rows["SpikeZIP-TF multi-step (chunk=8)"] = multi
+    rows["SpikeZIP-TF multi-step (default chunk=4)"] = multi
     rows["SpikeZIP-TF step by step (chunk=1)"] = step
     rows["rate-coded IF conversion"] = rate
     q = simulate(snn, x, max_steps=512)

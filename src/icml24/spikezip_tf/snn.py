@@ -822,7 +822,7 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
         max_steps: step cap ``T_max`` (>= 1).
         until_quiescent: stop at the first step without any spike (later outputs would be exactly 0).
         mask: optional key mask ``(B, N)`` for text encoders (applied at t = 0).
-        chunk: time steps per multi-step call (default 8): each layer processes the whole chunk before the next
+        chunk: time steps per multi-step call (default 4): each layer processes the whole chunk before the next
             layer runs; steps without any input event are skipped (their outputs are exactly zero), row-wise
             operators (LayerNorm, softmax) run once on all steps with input, the ST-BIF recurrence loops over
             the steps in place. ``1`` is the step-by-step reference path. Quiescence is checked after each
@@ -848,7 +848,7 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
     if mask is not None:
         mask = mask.to(p.device)
     if chunk is None:
-        chunk = 8
+        chunk = 4
     if not snn.multi_step:
         chunk = 1
     neurons = snn.neurons()
