@@ -7,11 +7,13 @@ neurons + spike-equivalent operators) -> :func:`simulate` until quiescence; ``su
 from icml24.spikezip_tf.qann import (
     NONLINEAR_ACTIVATIONS,
     QAttention,
+    QSelfAttention,
     Quantizer,
     additive_mask,
     calibrate,
     check_activations,
     check_mask,
+    is_hf_encoder,
     quantize,
     quantizers,
 )
@@ -24,6 +26,7 @@ from icml24.spikezip_tf.snn import (
     SpikingAttention,
     SpikingLayerNorm,
     SpikingModel,
+    SpikingSelfAttention,
     SpikingSoftmax,
     STBIFNeuron,
     convert,
@@ -34,10 +37,10 @@ from icml24.spikezip_tf.snn import (
 from icml24.spikezip_tf.text import MaskedAttention, TextBlock, TinyTextEncoder
 
 __all__ = [
-    "NONLINEAR_ACTIVATIONS", "QAttention", "Quantizer", "additive_mask", "calibrate", "check_activations", "check_mask",
+    "NONLINEAR_ACTIVATIONS", "QAttention", "QSelfAttention", "Quantizer", "is_hf_encoder", "additive_mask", "calibrate", "check_activations", "check_mask",
     "quantize", "quantizers",
     "SimulationResult", "SpikeConv2d", "SpikeLinear", "SpikeMatmul", "SpikingAttention", "SpikingLayerNorm",
-    "SpikingModel", "SpikingSoftmax", "STBIFNeuron", "convert", "count_macs", "register_runner", "simulate",
+    "SpikingModel", "SpikingSelfAttention", "SpikingSoftmax", "STBIFNeuron", "convert", "count_macs", "register_runner", "simulate",
     "MaskedAttention", "TextBlock", "TinyTextEncoder",
     "RateCodedModel", "RateIFNeuron", "rate_convert", "rate_simulate",
 ]

@@ -166,7 +166,8 @@ def _plateau(snn, x: torch.Tensor, y: torch.Tensor, quiet: int | None, qann_acc:
     """
     if quiet is None:
         return {"plateau_gap": float("inf"), "plateau_step": float("inf")}
-    ext = simulate(snn, x, max_steps=quiet + 1 + k, until_quiescent=False)
+    # simulated, not zero-filled: the plateau is measured, not assumed
+    ext = simulate(snn, x, max_steps=quiet + 1 + k, until_quiescent=False, skip_after_quiescence=False)
     acc = _acc_curve(ext, y)
     off = [i for i, a in enumerate(acc) if a != qann_acc]
     step = 1.0 if not off else (float(off[-1] + 2) if off[-1] + 1 < len(acc) else float("inf"))

@@ -23,9 +23,7 @@ from torch import nn
 
 from icml24.common import validate as val
 
-from icml24.common.nets import Attention, Mlp, PatchEmbed
-
-__all__ = ["Quantizer", "QAttention", "quantize", "calibrate", "quantizers", "additive_mask", "check_mask",
+__all__ = ["Quantizer", "QAttention", "QSelfAttention", "is_hf_encoder", "quantize", "calibrate", "quantizers", "additive_mask", "check_mask",
            "check_activations", "NONLINEAR_ACTIVATIONS"]
 
 #: activation modules that a spiking network cannot reproduce (only ReLU, merged into an unsigned quantizer, can)
@@ -88,8 +86,17 @@ class Quantizer(nn.Module):
         self.pos_max = level // 2 - 1 if sym else level - 1
         self.neg_min = -(level // 2) if sym else 0
         self.s = nn.Parameter(torch.tensor(float(s_init)))
-        self.register_buffer("initialized", torch.tensor(False))
+        # not in the state dict: a checkpoint of the official layout holds only ``s`` per quantizer (``MyQuan``)
+        # and loads with strict=True; loading ``s`` marks the quantizer initialised (no re-init by a batch)
+        self.register_buffer("initialized", torch.tensor(False), persistent=False)
         self._calibrating = False
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if prefix + "s" in state_dict:
+            self.initialized.fill_(True)
 
     def extra_repr(self) -> str:
         return f"level={self.level}, sym={self.sym}, range=[{self.neg_min}, {self.pos_max}], s={self.s.item():.6g}"
@@ -147,12 +154,12 @@ class QAttention(nn.Module):
     after_attn_quan, quan_proj``).
     """
 
-    def __init__(self, *, attn: Attention, level: int) -> None:
+    def __init__(self, *, attn: nn.Module, level: int) -> None:
         super().__init__()
         _check_level(level)
-        self.num_heads = attn.num_heads
-        self.head_dim = attn.head_dim
-        self.scale = attn.scale
+        self.num_heads = int(attn.num_heads)
+        self.head_dim = int(getattr(attn, "head_dim", attn.qkv.out_features // 3 // self.num_heads))
+        self.scale = float(getattr(attn, "scale", self.head_dim ** -0.5))
         self.qkv = attn.qkv
         self.proj = attn.proj
         self.quan_q = Quantizer(level=level, sym=True)
@@ -162,7 +169,10 @@ class QAttention(nn.Module):
         self.after_attn_quan = Quantizer(level=level, sym=True)
         self.quan_proj = Quantizer(level=level, sym=True)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if attn_mask is not None:
+            raise NotImplementedError("spikezip_tf: QAttention takes a key mask (B, N) as `mask`, not timm's attn_mask")
         b, n, c = x.shape
         check_mask(mask, b, n)
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -176,6 +186,100 @@ class QAttention(nn.Module):
         return self.quan_proj(self.proj(o))
 
 
+class QSelfAttention(nn.Module):
+    """Quantized Hugging Face BERT/RoBERTa self-attention (official ``QRobertaSelfAttention`` layout):
+
+    ``q, k, v = Q_q(query(h)), Q_k(key(h)), Q_v(value(h))`` (signed); ``A = Q_attn(softmax(q k^T / sqrt(d) + M))``
+    (unsigned); ``context = Q_after(A v)`` (signed). Drop-in for ``BertSelfAttention`` / ``RobertaSelfAttention``
+    inside the model's own forward (returns ``(context, A)``); ``M`` is the additive or boolean mask the model
+    builds from ``attention_mask``. Submodule names follow the official checkpoints (``query_quan, key_quan,
+    value_quan, attn_quan, after_attn_quan``).
+
+    NOTE(deviation): ``after_attn_quan`` is signed here; the official RoBERTa code makes it unsigned, which
+    zeroes every negative context value (the ViT path's ``after_attn_quan`` is signed).
+    """
+
+    def __init__(self, *, attn: nn.Module, level: int) -> None:
+        super().__init__()
+        _check_level(level)
+        if getattr(attn, "is_decoder", False) or getattr(attn, "is_causal", False):
+            raise TypeError("spikezip_tf: only encoder (bidirectional) self-attention can be quantized")
+        if getattr(attn, "position_embedding_type", "absolute") not in (None, "absolute"):
+            raise TypeError("spikezip_tf: only absolute position embeddings are supported in HF self-attention")
+        self.num_attention_heads = int(attn.num_attention_heads)
+        self.attention_head_size = int(attn.attention_head_size)
+        self.all_head_size = self.num_attention_heads * self.attention_head_size
+        self.scaling = float(getattr(attn, "scaling", self.attention_head_size ** -0.5))
+        self.query, self.key, self.value = attn.query, attn.key, attn.value
+        self.dropout = getattr(attn, "dropout", nn.Identity())
+        self.query_quan = Quantizer(level=level, sym=True)
+        self.key_quan = Quantizer(level=level, sym=True)
+        self.value_quan = Quantizer(level=level, sym=True)
+        self.attn_quan = Quantizer(level=level, sym=False)
+        self.after_attn_quan = Quantizer(level=level, sym=True)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(*x.shape[:-1], self.num_attention_heads, self.attention_head_size).transpose(-3, -2)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        for k in ("encoder_hidden_states", "past_key_values", "past_key_value", "head_mask"):
+            if kwargs.get(k) is not None:
+                raise ValueError(f"spikezip_tf: QSelfAttention does not support {k} (encoder self-attention only)")
+        q = self._heads(self.query_quan(self.query(hidden_states)))
+        k = self._heads(self.key_quan(self.key(hidden_states)))
+        v = self._heads(self.value_quan(self.value(hidden_states)))
+        scores = (q @ k.transpose(-1, -2)) * self.scaling
+        if attention_mask is not None:
+            if attention_mask.dtype == torch.bool:  # keep-mask (sdpa-style)
+                scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+            else:  # additive (eager-style)
+                scores = scores + attention_mask.to(scores.dtype)
+        a = self.attn_quan(self.dropout(F.softmax(scores, dim=-1)))
+        ctx = self.after_attn_quan(a @ v).transpose(-3, -2)
+        return ctx.reshape(*ctx.shape[:-2], self.all_head_size), a
+
+
+# ----------------------------------------------------------------- structural recognition of model families
+def _is_qkv_attention(m: nn.Module) -> bool:
+    """timm-layout attention: a fused ``qkv`` Linear, a ``proj`` Linear and ``num_heads``."""
+    return (isinstance(getattr(m, "qkv", None), nn.Linear) and isinstance(getattr(m, "proj", None), nn.Linear)
+            and hasattr(m, "num_heads") and not isinstance(m, QAttention))
+
+
+def _is_ffn(m: nn.Module) -> bool:
+    """timm-layout FFN: ``fc1`` (Linear), ``act``, ``fc2`` (Linear)."""
+    return (isinstance(getattr(m, "fc1", None), nn.Linear) and isinstance(getattr(m, "fc2", None), nn.Linear)
+            and isinstance(getattr(m, "act", None), nn.Module))
+
+
+def _is_patch_embed(name: str, m: nn.Module) -> bool:
+    return name.split(".")[-1] == "patch_embed" and isinstance(getattr(m, "proj", None), nn.Conv2d)
+
+
+def _is_hf_self_attention(m: nn.Module) -> bool:
+    """Hugging Face BERT/RoBERTa self-attention: ``query``, ``key``, ``value`` Linears and head counts."""
+    return (all(isinstance(getattr(m, n, None), nn.Linear) for n in ("query", "key", "value"))
+            and hasattr(m, "num_attention_heads") and hasattr(m, "attention_head_size")
+            and not isinstance(m, QSelfAttention))
+
+
+def _is_hf_intermediate(m: nn.Module) -> bool:
+    return isinstance(getattr(m, "dense", None), nn.Linear) and hasattr(m, "intermediate_act_fn")
+
+
+def _is_hf_output(m: nn.Module) -> bool:
+    """``BertSelfOutput`` / ``BertOutput``: ``dense`` then ``LayerNorm(dense(x) + residual)``."""
+    return isinstance(getattr(m, "dense", None), nn.Linear) and isinstance(getattr(m, "LayerNorm", None), nn.LayerNorm)
+
+
+def is_hf_encoder(model: nn.Module) -> bool:
+    """A Hugging Face BERT/RoBERTa-style encoder (``embeddings.word_embeddings``, ``encoder.layer``)."""
+    emb, enc = getattr(model, "embeddings", None), getattr(model, "encoder", None)
+    return (isinstance(getattr(emb, "word_embeddings", None), nn.Embedding)
+            and isinstance(getattr(enc, "layer", None), nn.ModuleList))
+
+
 def quantizers(model: nn.Module) -> list[tuple[str, Quantizer]]:
     """All ``(path, Quantizer)`` pairs of ``model`` in module order."""
     return [(n, m) for n, m in model.named_modules() if isinstance(m, Quantizer)]
@@ -184,18 +288,29 @@ def quantizers(model: nn.Module) -> list[tuple[str, Quantizer]]:
 def quantize(model: nn.Module, *, level: int, attn_level: int | None = None) -> nn.Module:
     """Return a QANN: a deep copy of a ReLU transformer with quantizers inserted (official ``myquan_replace``).
 
-    Placement: every ``Attention`` -> :class:`QAttention`; every ``nn.LayerNorm`` -> ``Sequential(LN, Q(sym))``;
-    ``Mlp.act`` (must be ``nn.ReLU``) -> ``Sequential(Q(unsigned), ReLU)`` (the ReLU becomes a no-op);
-    ``Mlp.fc2`` -> ``Sequential(fc2, Q(sym))``; ``PatchEmbed.proj`` -> ``Sequential(conv, Q(sym))``. Residual
-    adds, positions, class token, token embeddings and the classifier head stay real-valued.
+    Model families are recognised by structure, not by class:
+
+    - timm-layout ViTs (``common.nets.TinyViT``, timm's ``VisionTransformer`` or any model built the same way):
+      every attention with a fused ``qkv`` and ``proj`` -> :class:`QAttention`; every ``nn.LayerNorm`` ->
+      ``Sequential(LN, Q(sym))``; every FFN ``fc1/act/fc2``: ``act`` (must be ``nn.ReLU``) ->
+      ``Sequential(Q(unsigned), ReLU)`` (the ReLU becomes a no-op), ``fc2`` -> ``Sequential(fc2, Q(sym))``;
+      ``patch_embed.proj`` -> ``Sequential(conv, Q(sym))``.
+    - Hugging Face BERT/RoBERTa encoders (official RoBERTa layout): each self-attention ->
+      :class:`QSelfAttention`; ``intermediate.intermediate_act_fn`` (must be ``nn.ReLU``: ``hidden_act="relu"``)
+      -> ``Sequential(Q(unsigned), ReLU)``; the ``dense`` of ``attention.output`` and ``output`` ->
+      ``Sequential(dense, Q(sym))``; LayerNorms stay unquantized (their spiking versions emit real-valued
+      differences, as in the official code).
+
+    Residual adds, positions, class token, token embeddings and the classifier head stay real-valued.
 
     Args:
-        model: a ``TinyViT`` / ``TinyTextEncoder`` (or any module built from ``common.nets`` blocks) with ReLU.
+        model: a ReLU transformer of one of the families above (``nn.ReLU`` modules, no GELU).
         level: quantization levels ``L`` (>= 4: signed quantizers need it) of every quantizer (paper: 16 for ViT-S, 32 for ViT-B/L).
         attn_level: levels of the quantizers inside attention (default ``level``).
 
     Raises:
-        TypeError: a non-ReLU activation module (its path is named), or a non-module ``model``.
+        TypeError: a non-ReLU activation module (its path is named), an unsupported attention variant, or a
+            non-module ``model``.
         ValueError: ``level < 4`` / ``attn_level < 4`` or a model that already holds quantizers.
     """
     if not isinstance(model, nn.Module):
@@ -207,21 +322,38 @@ def quantize(model: nn.Module, *, level: int, attn_level: int | None = None) -> 
     if quantizers(model):
         raise ValueError("spikezip_tf: model already contains Quantizer modules (quantize it only once)")
     qann = copy.deepcopy(model)
+    hf = is_hf_encoder(qann)
     plan: list[tuple[nn.Module, str, nn.Module]] = []
+
+    def relu_of(owner: str, act: object) -> nn.Module:
+        if type(act) is not nn.ReLU:
+            raise TypeError(f"spikezip_tf: module '{owner}' is {type(act).__name__}; only nn.ReLU activations can "
+                            f"be converted to spikes")
+        return act
+
     for name, m in qann.named_modules():
-        if isinstance(m, Attention):
+        if _is_qkv_attention(m):
+            for extra in ("q_norm", "k_norm"):
+                if not isinstance(getattr(m, extra, nn.Identity()), nn.Identity):
+                    raise TypeError(f"spikezip_tf: '{name}.{extra}' (QK-norm) is not supported")
             parent, attr = _parent(qann, name)
             plan.append((parent, attr, QAttention(attn=m, level=attn_level)))
-        elif isinstance(m, nn.LayerNorm):
+        elif _is_hf_self_attention(m):
+            parent, attr = _parent(qann, name)
+            plan.append((parent, attr, QSelfAttention(attn=m, level=attn_level)))
+        elif hf and _is_hf_intermediate(m):
+            act = relu_of(f"{name}.intermediate_act_fn", m.intermediate_act_fn)
+            plan.append((m, "intermediate_act_fn", nn.Sequential(Quantizer(level=level, sym=False), act)))
+        elif hf and _is_hf_output(m):
+            plan.append((m, "dense", nn.Sequential(m.dense, Quantizer(level=level, sym=True))))
+        elif isinstance(m, nn.LayerNorm) and not hf:
             parent, attr = _parent(qann, name)
             plan.append((parent, attr, nn.Sequential(m, Quantizer(level=level, sym=True))))
-        elif isinstance(m, Mlp):
-            if type(m.act) is not nn.ReLU:
-                raise TypeError(f"spikezip_tf: module '{name}.act' is {type(m.act).__name__}; only nn.ReLU "
-                                f"activations can be converted to spikes")
-            plan.append((m, "act", nn.Sequential(Quantizer(level=level, sym=False), m.act)))
+        elif _is_ffn(m):
+            act = relu_of(f"{name}.act", m.act)
+            plan.append((m, "act", nn.Sequential(Quantizer(level=level, sym=False), act)))
             plan.append((m, "fc2", nn.Sequential(m.fc2, Quantizer(level=level, sym=True))))
-        elif isinstance(m, PatchEmbed):
+        elif _is_patch_embed(name, m):
             plan.append((m, "proj", nn.Sequential(m.proj, Quantizer(level=level, sym=True))))
     for parent, attr, new in plan:
         setattr(parent, attr, new)

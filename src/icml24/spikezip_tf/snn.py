@@ -18,6 +18,7 @@ matmul uses A_t b_t^T + a_t B_t^T - a_t b_t^T (A, B running sums including step 
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,24 +31,103 @@ from icml24.common import validate as val
 from icml24.common.nets import TinyViT
 from icml24.spikezip_tf.qann import (
     QAttention,
+    QSelfAttention,
     Quantizer,
+    _is_hf_self_attention,
+    _is_qkv_attention,
     additive_mask,
     check_activations,
     check_mask,
+    is_hf_encoder,
     quantizers,
 )
 from icml24.spikezip_tf.text import TinyTextEncoder
 
 __all__ = ["STBIFNeuron", "SpikeLinear", "SpikeConv2d", "SpikeMatmul", "SpikingSoftmax", "SpikingLayerNorm",
-           "SpikingAttention", "SpikingModel", "SimulationResult", "convert", "simulate", "count_macs",
+           "SpikingAttention", "SpikingSelfAttention", "SpikingModel", "SimulationResult", "convert", "simulate", "count_macs",
            "register_runner"]
 
 
 class _Stateful(nn.Module):
-    """A module with per-sample state that :meth:`reset` clears (shapes follow the batch)."""
+    """A module with per-sample state that :meth:`reset` clears (shapes follow the batch).
+
+    Multi-step mode: ``steps = T`` (set by :class:`SpikingModel`) means the input holds T consecutive time steps
+    stacked along dim 0, ``(T * B, ...)`` with step t in rows ``[t B, (t + 1) B)``; the module returns its T
+    outputs in the same layout. Operators without state across time (the linear maps) then run once on all T
+    steps; the ST-BIF recurrence and the running sums loop over t with the same arithmetic as T single steps,
+    so the outputs are bit-identical to stepping one at a time.
+    """
+
+    steps: int = 1
 
     def reset(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
+
+
+def _split_time(x: torch.Tensor, steps: int) -> torch.Tensor:
+    """``(T * B, ...)`` -> ``(T, B, ...)`` (a view)."""
+    if x.shape[0] % steps:
+        raise RuntimeError(f"spikezip_tf: leading dimension {x.shape[0]} is not a multiple of steps={steps}")
+    return x.reshape(steps, x.shape[0] // steps, *x.shape[1:])
+
+
+def _running_sum(prev: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """Running sums over dim 0 of ``x`` (T, ...), continuing ``prev``: one addition per step, exactly as
+    ``prev = prev + x_t`` step by step (``torch.cumsum`` accumulates float32 in double and would differ)."""
+    out = torch.empty_like(x)
+    for t in range(x.shape[0]):
+        if prev is None:
+            out[t] = x[t]
+        else:
+            torch.add(prev, x[t], out=out[t])
+        prev = out[t]
+    return out
+
+
+# spike counts per step that ST-BIF neurons attach to their outputs: id(output) -> (weakref(output), (T,) counts), so
+# that a layer fed directly by a neuron knows its input events without another pass over the spikes
+_SPIKE_EVENTS: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def _events_per_step(x: torch.Tensor, steps: int) -> torch.Tensor:
+    """Non-zero entries per time step, ``(T,)`` float64 (``|sign(x)|`` summed per sample, exact below 2^24 per
+    sample, then per step in float64; ~3x faster than ``ne(0).sum``, which widens to int64)."""
+    known = _SPIKE_EVENTS.get(id(x))
+    if known is not None and known[0]() is x:
+        return known[1]
+    xt = _split_time(x, steps)
+    per_sample = torch.sign(xt).abs_().sum(dim=tuple(range(2, xt.dim()))) if xt.dim() > 2 else torch.sign(xt).abs_()
+    return per_sample.sum(1, dtype=torch.float64)
+
+
+def _fed_steps(x: torch.Tensor) -> list[bool]:
+    """Whether step t of ``x`` ``(T, ...)`` has any non-zero entry (one pass, one host sync)."""
+    dims = tuple(range(1, x.dim()))  # reduce in place of a reshape, which would copy a strided x
+    return ((x.amax(dims) > 0) | (x.amin(dims) < 0)).tolist()
+
+
+def _per_step_into(x: torch.Tensor, active: list[bool], shape: tuple[int, ...],
+                   fn: Callable[[int, torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+    """Like :func:`_per_step` with ``fn(t, x_t, out_t)`` writing step t's result into ``out_t`` (no stacking)."""
+    out = x.new_empty(x.shape[0], *shape)
+    for t, a in enumerate(active):
+        if a:
+            fn(t, x[t], out[t])
+        else:
+            out[t].zero_()
+    return out
+
+
+def _per_step(x: torch.Tensor, active: list[bool], fn: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``fn(t, x[t])`` for the active steps t of ``x`` ``(T, ...)`` (one call per step, so every product is the
+    very one the step-by-step path computes), exact zeros for the others; returns ``(T, ...)``."""
+    if not any(active):  # one (zero-input, hence exactly zero) step for the output's shape
+        y0 = fn(0, x[0])
+        return y0.new_zeros(x.shape[0], *y0.shape)
+    outs: list[torch.Tensor | None] = [fn(t, x[t]) if a else None for t, a in enumerate(active)]
+    ref = next(o for o in outs if o is not None)
+    zero = ref.new_zeros(ref.shape)
+    return torch.stack([zero if o is None else o for o in outs])
 
 
 class STBIFNeuron(_Stateful):
@@ -60,7 +140,7 @@ class STBIFNeuron(_Stateful):
         v_init: initial membrane in threshold units (paper: 1/2, realising round-half-up).
         negative_spikes: allow -1 spikes that undo an earlier overshoot (paper: True).
 
-    After each call ``last_spikes`` holds the number of non-zero spikes per sample (shape ``(B,)``).
+    After each call ``last_spikes`` holds the number of non-zero spikes per step and sample (shape ``(T, B)``).
     """
 
     def __init__(self, *, threshold: float | torch.Tensor, pos_max: int, neg_min: int, v_init: float = 0.5,
@@ -69,8 +149,9 @@ class STBIFNeuron(_Stateful):
         val.positive("spikezip_tf", "threshold", threshold)
         thr = (threshold.detach().clone() if isinstance(threshold, torch.Tensor)
                else torch.tensor(float(threshold), dtype=torch.float64))
-        if pos_max < neg_min:
-            raise ValueError(f"spikezip_tf: pos_max ({pos_max}) must be >= neg_min ({neg_min})")
+        if not neg_min <= 0 <= pos_max:
+            raise ValueError(f"spikezip_tf: need neg_min <= 0 <= pos_max (the spike tracer starts at 0), got "
+                             f"neg_min={neg_min}, pos_max={pos_max}")
         val.in_range("spikezip_tf", "v_init", v_init, 0.0, 1.0, high_open=True)
         self.register_buffer("threshold", thr.reshape(()))
         self.pos_max = int(pos_max)
@@ -98,34 +179,70 @@ class STBIFNeuron(_Stateful):
     def reset(self) -> None:
         self.v: torch.Tensor | None = None  # membrane, threshold units
         self.acc: torch.Tensor | None = None  # spike tracer S_t (integer-valued)
+        self.settled = False  # no input and no spike at the last step computed
         self.last_spikes: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.v is None or self.v.shape != x.shape:
+        xs = _split_time(x / self.threshold, self.steps)  # (T, B, ...), the input in threshold units
+        if self.v is None or self.v.shape != xs.shape[1:]:
             if self.v is not None:
                 raise RuntimeError("spikezip_tf: input shape changed between steps; call reset() between batches")
-            self.v = torch.full_like(x, self.v_init)
-            self.acc = torch.zeros_like(x)
-        v = self.v + x / self.threshold
-        pos = (v >= 1.0) & (self.acc < self.pos_max)
-        o = pos.to(x.dtype)
-        if self.negative_spikes:
-            o = o - ((v < 0.0) & (self.acc > self.neg_min)).to(x.dtype)
-        self.acc = self.acc + o
-        self.v = v - o
-        self.last_spikes = o.ne(0).reshape(o.shape[0], -1).sum(1)
-        return o * self.threshold
+            self.v = torch.full_like(xs[0], self.v_init)
+            self.acc = torch.zeros_like(xs[0])
+            self.settled = False
+        v, acc = self.v, self.acc
+        nxt = torch.empty_like(acc)
+        o = torch.empty_like(xs)
+        lo = -1.0 if self.negative_spikes else 0.0
+        fed = _fed_steps(xs)
+        for t in range(xs.shape[0]):
+            if fed[t]:
+                v.add_(xs[t])
+                self.settled = False
+            elif self.settled:
+                o[t].zero_()  # no input and no spike at the previous step: nothing can change
+                continue
+            # +1 iff v >= 1 and S < p_max; -1 iff v < 0 and S > n_min (and -1 spikes allowed); else 0:
+            # S_t = clamp(S + clamp(floor(v), lo, 1), n_min, p_max), o_t = S_t - S (small integers: exact)
+            torch.floor(v, out=nxt).clamp_(lo, 1.0).add_(acc).clamp_(self.neg_min, self.pos_max)
+            torch.sub(nxt, acc, out=o[t])
+            v.sub_(o[t])
+            acc, nxt = nxt, acc
+            if not fed[t]:
+                self.settled = not bool(o[t].amax() > 0 or o[t].amin() < 0)
+        self.acc = acc
+        out = (o * self.threshold).reshape(x.shape)
+        # o is +-1/0: the sum of |o| per sample counts the spikes exactly
+        counts = o.abs_().reshape(o.shape[0], o.shape[1], -1).sum(2)
+        self.last_spikes = counts.long()
+        if len(_SPIKE_EVENTS) > 256:
+            for k in [k for k, (r, _) in _SPIKE_EVENTS.items() if r() is None]:
+                del _SPIKE_EVENTS[k]
+        _SPIKE_EVENTS[id(out)] = (weakref.ref(out), counts.sum(1, dtype=torch.float64))
+        return out
 
 
 class _OnceBias(_Stateful):
     def reset(self) -> None:
         self.first = True
-        self.last_sops: torch.Tensor | None = None
+        self.last_sops: torch.Tensor | None = None  # (T,) synaptic operations per step
 
-    def _bias(self) -> torch.Tensor | None:
-        b = self.bias if self.first else None
-        self.first = False
-        return b
+    def _run(self, x: torch.Tensor, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """``fn(x_t, b)`` with the bias at the very first step only, ``(T * B, ...)`` in and out; a step without
+        any input event (after the first) gives exact zeros without computing."""
+        first, self.first = self.first, False
+        ev = _events_per_step(x, self.steps)
+        self.last_sops = ev * self.fan_out  # each non-zero input event fans out to fan_out outputs
+        if self.steps == 1:  # the step-by-step path: exactly the computation of one step
+            return fn(x, self.bias if first else None)
+        active = (ev > 0).tolist()
+        if first:
+            active[0] = True  # the bias enters at t = 0 whatever the input
+        y = self._steps_out(_split_time(x, self.steps), active, first, fn)
+        return y.reshape(y.shape[0] * y.shape[1], *y.shape[2:])
+
+    def _steps_out(self, xt: torch.Tensor, active: list[bool], first: bool, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+        return _per_step(xt, active, lambda t, x_t: fn(x_t, self.bias if first and t == 0 else None))
 
 
 class SpikeLinear(_OnceBias):
@@ -136,11 +253,22 @@ class SpikeLinear(_OnceBias):
         self.weight = linear.weight
         self.bias = linear.bias
         self.out_features = linear.out_features
+        self.fan_out = float(linear.out_features)
         self.reset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.last_sops = x.ne(0).sum() * self.out_features  # each non-zero input event fans out to every output
-        return F.linear(x, self.weight, self._bias())
+        return self._run(x, lambda z, b: F.linear(z, self.weight, b))
+
+    def _steps_out(self, xt: torch.Tensor, active: list[bool], first: bool, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+        wt = self.weight.t()
+
+        def step(t: int, x_t: torch.Tensor, out_t: torch.Tensor) -> None:
+            if first and t == 0 and self.bias is not None:
+                out_t.copy_(F.linear(x_t, self.weight, self.bias))
+            else:
+                torch.matmul(x_t, wt, out=out_t)  # F.linear without bias is this matmul
+
+        return _per_step_into(xt, active, (*xt.shape[1:-1], self.out_features), step)
 
 
 class SpikeConv2d(_OnceBias):
@@ -158,8 +286,8 @@ class SpikeConv2d(_OnceBias):
         self.reset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.last_sops = x.ne(0).sum() * self.fan_out
-        return F.conv2d(x, self.weight, self._bias(), self.stride, self.padding, self.dilation, self.groups)
+        return self._run(x, lambda z, b: F.conv2d(z, self.weight, b, self.stride, self.padding, self.dilation,
+                                                    self.groups))
 
 
 class SpikeMatmul(_Stateful):
@@ -172,11 +300,26 @@ class SpikeMatmul(_Stateful):
         self.last_sops: torch.Tensor | None = None
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        self.A = a if self.A is None else self.A + a
-        self.B = b if self.B is None else self.B + b
+        at, bt = _split_time(a, self.steps), _split_time(b, self.steps)
+        ea, eb = _events_per_step(a, self.steps), _events_per_step(b, self.steps)
         # SOPs: each event of b_t meets every row of A_t, each event of a_t every column of B_t
-        self.last_sops = b.ne(0).sum() * a.shape[-2] + a.ne(0).sum() * b.shape[-1]
-        return self.A @ b + a @ self.B - a @ b
+        self.last_sops = eb * a.shape[-2] + ea * b.shape[-1]
+        active = ((ea + eb) > 0).tolist() if self.steps > 1 else [True]
+
+        def step(t: int, a_t: torch.Tensor, out_t: torch.Tensor) -> None:
+            b_t = bt[t]
+            self.A = a_t if self.A is None else self.A + a_t
+            self.B = b_t if self.B is None else self.B + b_t
+            torch.matmul(self.A, b_t, out=out_t)
+            out_t.add_(a_t @ self.B).sub_(a_t @ b_t)  # (A b + a B) - a b, as in the step-by-step path
+
+        if self.steps == 1:
+            a_t, b_t = at[0], bt[0]
+            self.A = a_t if self.A is None else self.A + a_t
+            self.B = b_t if self.B is None else self.B + b_t
+            return self.A @ b_t + a_t @ self.B - a_t @ b_t
+        out = _per_step_into(at, active, (*at.shape[1:-1], b.shape[-1]), step)
+        return out.reshape(a.shape[0], *a.shape[1:-1], b.shape[-1])
 
 
 class _Differencing(_Stateful):
@@ -190,11 +333,34 @@ class _Differencing(_Stateful):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.X = x if self.X is None else self.X + x
-        y = self.fn(self.X)
-        out = y if self.Y is None else y - self.Y
-        self.Y = y
-        return out
+        if self.steps == 1:  # the step-by-step path
+            self.X = x if self.X is None else self.X + x
+            y = self.fn(self.X)
+            out = y if self.Y is None else y - self.Y
+            self.Y = y
+            return out
+        xt = _split_time(x, self.steps)
+        active = _fed_steps(xt)
+        if self.X is None:
+            active[0] = True  # f(X_0) - f(X_{-1}) = f(0) - 0 may be non-zero (LayerNorm bias)
+        idx = [t for t, a in enumerate(active) if a]
+        if not idx:
+            return x.new_zeros(x.shape)
+        X = _running_sum(self.X, xt[idx])  # the running sum only changes at steps with input
+        self.X = X[-1]
+        Y = self.fn(X.reshape(len(idx) * xt.shape[1], *xt.shape[2:])).reshape(X.shape)  # row-wise f, one call
+        D = torch.empty_like(Y)
+        if self.Y is None:
+            D[0] = Y[0]
+        else:
+            torch.sub(Y[0], self.Y, out=D[0])
+        torch.sub(Y[1:], Y[:-1], out=D[1:])
+        self.Y = Y[-1]
+        if len(idx) == len(active):
+            return D.reshape(x.shape)
+        out = torch.zeros_like(xt)
+        out[idx] = D
+        return out.reshape(x.shape)
 
 
 class SpikingSoftmax(_Differencing):
@@ -244,90 +410,235 @@ class SpikingAttention(_Stateful):
     def reset(self) -> None:
         self.first = True
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, **_: object) -> torch.Tensor:
         b, n, c = x.shape
-        check_mask(mask, b, n)
+        check_mask(mask, b // self.steps, n)
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = self.quan_q(q), self.quan_k(k), self.quan_v(v)
         s = self.qk(q * self.scale, k.transpose(-2, -1))
         if self.first:
             m = additive_mask(mask, s.dtype)
-            if m is not None:
-                s = s + m  # the mask is an input like an embedding: present once, at t = 0
+            if m is not None:  # the mask is an input like an embedding: present once, at t = 0
+                n0 = b // self.steps
+                s[:n0] = s[:n0] + m
         self.first = False
         a = self.attn_quan(self.softmax(s))
         o = self.after_attn_quan(self.av(a, v)).transpose(1, 2).reshape(b, n, c)
         return self.quan_proj(self.proj(o))
 
 
+class SpikingSelfAttention(_Stateful):
+    """Spike-equivalent Hugging Face BERT/RoBERTa self-attention (official ``SRobertaSelfAttention``), converted
+    from a :class:`~icml24.spikezip_tf.qann.QSelfAttention`; returns the context ``(B, N, C)`` of each step
+    (the key mask ``(B, N)`` joins the scores at the first step only)."""
+
+    def __init__(self, qattn: QSelfAttention, **neuron_kw) -> None:
+        super().__init__()
+        self.num_attention_heads, self.attention_head_size = qattn.num_attention_heads, qattn.attention_head_size
+        self.all_head_size, self.scaling = qattn.all_head_size, qattn.scaling
+        self.query, self.key, self.value = SpikeLinear(qattn.query), SpikeLinear(qattn.key), SpikeLinear(qattn.value)
+        for name in ("query_quan", "key_quan", "value_quan", "attn_quan", "after_attn_quan"):
+            setattr(self, name, STBIFNeuron.from_quantizer(getattr(qattn, name), **neuron_kw))
+        self.qk = SpikeMatmul()
+        self.softmax = SpikingSoftmax(dim=-1)
+        self.av = SpikeMatmul()
+        self.reset()
+
+    def reset(self) -> None:
+        self.first = True
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(*x.shape[:-1], self.num_attention_heads, self.attention_head_size).transpose(-3, -2)
+
+    def forward(self, hidden_states: torch.Tensor, mask: torch.Tensor | None = None, **_: object) -> torch.Tensor:
+        b, n, _c = hidden_states.shape
+        check_mask(mask, b // self.steps, n)
+        q = self._heads(self.query_quan(self.query(hidden_states)))
+        k = self._heads(self.key_quan(self.key(hidden_states)))
+        v = self._heads(self.value_quan(self.value(hidden_states)))
+        s = self.qk(q, k.transpose(-1, -2)) * self.scaling
+        if self.first:
+            m = additive_mask(mask, s.dtype)
+            if m is not None:
+                n0 = b // self.steps
+                s[:n0] = s[:n0] + m
+        self.first = False
+        a = self.attn_quan(self.softmax(s))
+        ctx = self.after_attn_quan(self.av(a, v)).transpose(-3, -2)
+        return ctx.reshape(*ctx.shape[:-2], self.all_head_size)
+
+
 # ---------------------------------------------------------------------------------------------- runners
-# A runner performs one time step of a converted top-level model: (net, x_t, t, **kw) -> output_t. Inputs that
-# are not spike-driven (class token, position table, token embeddings) enter at t = 0 only.
+# A runner performs time steps of a converted top-level model: (net, x, t, steps=T, **kw) -> outputs, with x the
+# encoded input of the T steps t, ..., t + T - 1 stacked along dim 0 ((T * B, ...), see _Stateful) and the
+# outputs in the same layout. Inputs that are not spike-driven (class token, position table, token embeddings,
+# attention mask) enter at t = 0 only, i.e. in the first B rows of the first call.
 
 Runner = Callable[..., torch.Tensor]
 
 
-def _vit_step(net: TinyViT, x_t: torch.Tensor, t: int, **_: object) -> torch.Tensor:
-    h = net.patch_embed(x_t)
-    b, _n, c = h.shape
+def _first_rows(h0: torch.Tensor, t: int, steps: int) -> torch.Tensor:
+    """Stack ``h0`` (the t = 0 input, ``(B, ...)``) above zeros for the other steps of the call."""
+    if t > 0:
+        return h0.new_zeros(steps * h0.shape[0], *h0.shape[1:])
+    if steps == 1:
+        return h0
+    return torch.cat([h0, h0.new_zeros((steps - 1) * h0.shape[0], *h0.shape[1:])])
+
+
+def _vit_step(net: nn.Module, x: torch.Tensor, t: int, steps: int = 1, **_: object) -> torch.Tensor:
+    h = net.patch_embed(x)
+    tb, _n, c = h.shape
+    b = tb // steps
     if t == 0:
-        h = torch.cat([net.cls_token.to(h.dtype).expand(b, -1, -1), h], dim=1) + net.pos_embed.to(h.dtype)
+        first = torch.cat([net.cls_token.to(h.dtype).expand(b, -1, -1), h[:b]], dim=1) + net.pos_embed.to(h.dtype)
+        rest = torch.cat([h.new_zeros(tb - b, 1, c), h[b:]], dim=1)
+        h = torch.cat([first, rest]) if steps > 1 else first
     else:
-        h = torch.cat([h.new_zeros(b, 1, c), h], dim=1)
+        h = torch.cat([h.new_zeros(tb, 1, c), h], dim=1)
     return net.head(net.norm(net.blocks(h))[:, 0])
 
 
-def _text_step(net: TinyTextEncoder, ids: torch.Tensor, t: int, mask: torch.Tensor | None = None,
+def _text_step(net: TinyTextEncoder, ids: torch.Tensor, t: int, steps: int = 1, mask: torch.Tensor | None = None,
                **_: object) -> torch.Tensor:
     e = net.embed(ids).to(net.pos_embed.dtype)
-    h = net.emb_norm(e if t == 0 else torch.zeros_like(e))
+    h = net.emb_norm(_first_rows(e, t, steps))
     for blk in net.blocks:
         h = blk(h, mask=mask)
     return net.head(net.norm(h)[:, 0])
 
 
-_RUNNERS: dict[type[nn.Module], tuple[Runner, bool]] = {TinyViT: (_vit_step, True),
-                                                        TinyTextEncoder: (_text_step, False)}
+def _is_vit_layout(m: nn.Module) -> bool:
+    """timm-layout ViT: ``patch_embed.proj``, ``pos_embed``, ``blocks``, ``norm``, ``head``."""
+    return (hasattr(getattr(m, "patch_embed", None), "proj") and isinstance(getattr(m, "pos_embed", None), torch.Tensor)
+            and hasattr(m, "blocks") and hasattr(m, "norm") and hasattr(m, "head"))
 
 
-def register_runner(model_type: type[nn.Module], runner: Runner, *, zero_input_after_first: bool) -> None:
+def _timm_vit_step(net: nn.Module, x: torch.Tensor, t: int, steps: int = 1, **_: object) -> torch.Tensor:
+    """timm ``VisionTransformer.forward`` one chunk at a time: prefix tokens and positions at t = 0 only."""
+    h = net.patch_embed(x)
+    if h.dim() == 4:  # NHWC output (timm's dynamic_img_size / flatten=False)
+        h = h.flatten(1, 2)
+    tb, _n, c = h.shape
+    b = tb // steps
+    prefix = [tok for tok in (getattr(net, "cls_token", None), getattr(net, "reg_token", None)) if tok is not None]
+    n_prefix = sum(tok.shape[1] for tok in prefix)
+    pos = net.pos_embed.to(h.dtype)
+    if t == 0:
+        h0, toks = h[:b], [tok.to(h.dtype).expand(b, -1, -1) for tok in prefix]
+        if getattr(net, "no_embed_class", False):
+            first = torch.cat([*toks, h0 + pos], dim=1)
+        else:
+            first = torch.cat([*toks, h0], dim=1) + pos
+        if steps > 1:
+            h = torch.cat([first, torch.cat([h.new_zeros(tb - b, n_prefix, c), h[b:]], dim=1)])
+        else:
+            h = first
+    else:
+        h = torch.cat([h.new_zeros(tb, n_prefix, c), h], dim=1)
+    for name in ("pos_drop", "patch_drop", "norm_pre"):
+        if isinstance(getattr(net, name, None), nn.Module):
+            h = getattr(net, name)(h)
+    h = net.norm(net.blocks(h))
+    pool = getattr(net, "global_pool", "token")
+    if pool == "token":
+        h = h[:, 0]
+    elif pool == "avg":
+        h = h[:, n_prefix:].mean(dim=1)
+    elif pool:
+        raise NotImplementedError(f"spikezip_tf: global_pool={pool!r} is not supported")
+    for name in ("fc_norm", "head_drop"):
+        if isinstance(getattr(net, name, None), nn.Module):
+            h = getattr(net, name)(h)
+    return net.head(h)
+
+
+def _hf_embed(emb: nn.Module, ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+    """The embeddings' sum (word + position + token type) before their LayerNorm, by the model's own forward."""
+    saved = emb._modules["LayerNorm"], emb._modules.get("dropout")
+    emb._modules["LayerNorm"] = nn.Identity()
+    if saved[1] is not None:
+        emb._modules["dropout"] = nn.Identity()
+    try:
+        return emb(input_ids=ids, token_type_ids=token_type_ids)
+    finally:
+        emb._modules["LayerNorm"] = saved[0]
+        if saved[1] is not None:
+            emb._modules["dropout"] = saved[1]
+
+
+def _hf_step(net: nn.Module, ids: torch.Tensor, t: int, steps: int = 1, mask: torch.Tensor | None = None,
+             token_type_ids: torch.Tensor | None = None, **_: object) -> torch.Tensor:
+    """A Hugging Face BERT/RoBERTa encoder, one chunk: returns the ``last_hidden_state`` increments."""
+    emb = net.embeddings
+    w = emb.word_embeddings.weight
+    if t == 0:
+        e = _hf_embed(emb, ids, token_type_ids).to(w.dtype)
+    else:
+        e = w.new_zeros(ids.shape[0], ids.shape[1], w.shape[1])
+    h = emb.LayerNorm(_first_rows(e, t, steps))
+    for layer in net.encoder.layer:
+        a = layer.attention.self(h, mask=mask)
+        a = layer.attention.output(a, h)  # dense -> neuron -> LayerNorm(. + h)
+        h = layer.output(layer.intermediate(a), a)
+    return h
+
+
+_RUNNERS: dict[type[nn.Module], tuple[Runner, bool, bool]] = {TinyViT: (_vit_step, True, True),
+                                                              TinyTextEncoder: (_text_step, False, True)}
+# structural runners, tried in order after the registered types: (predicate, runner, zero_input_after_first)
+_STRUCTURAL: list[tuple[Callable[[nn.Module], bool], Runner, bool]] = [(_is_vit_layout, _timm_vit_step, True),
+                                                                       (is_hf_encoder, _hf_step, False)]
+
+
+def register_runner(model_type: type[nn.Module], runner: Runner, *, zero_input_after_first: bool,
+                    multi_step: bool = False) -> None:
     """Teach :func:`convert` a new top-level model type.
 
     Args:
         model_type: the (Q)ANN's class.
-        runner: ``runner(net, x_t, t, **kw) -> out_t`` running one time step of the converted ``net``.
+        runner: ``runner(net, x_t, t, **kw) -> out_t`` running one time step of the converted ``net``; with
+            ``multi_step=True``, ``runner(net, x, t, steps=T, **kw)`` runs T steps at once in the stacked
+            layout ``(T * B, ...)`` (see :class:`SpikingModel`).
         zero_input_after_first: analog encoding: feed ``x`` at t = 0 and zeros afterwards (True), or hand
             ``x`` at every step and let the runner use it only at t = 0 (False, e.g. token ids).
+        multi_step: the runner accepts ``steps`` (else :func:`simulate` runs it one step at a time).
     """
-    _RUNNERS[model_type] = (runner, zero_input_after_first)
+    _RUNNERS[model_type] = (runner, zero_input_after_first, multi_step)
 
 
-def _runner_for(model: nn.Module) -> tuple[Runner, bool]:
+def _runner_for(model: nn.Module) -> tuple[Runner, bool, bool]:
     for t in type(model).__mro__:
         if t in _RUNNERS:
             return _RUNNERS[t]
+    for pred, runner, zero_after in _STRUCTURAL:
+        if pred(model):
+            return runner, zero_after, True
     raise TypeError(f"spikezip_tf: no runner for {type(model).__name__}; supported: "
-                    f"{', '.join(t.__name__ for t in _RUNNERS)} (see register_runner)")
+                    f"{', '.join(t.__name__ for t in _RUNNERS)}, timm-layout ViTs and Hugging Face BERT/RoBERTa "
+                    f"encoders (see register_runner)")
 
 
 class SpikingModel(nn.Module):
     """A converted spiking network: call :meth:`step` once per time step after :meth:`reset`.
 
-    ``sum_t step(x_t)`` over a run until quiescence equals the QANN output. Use :func:`simulate`.
+    ``sum_t step(x_t)`` over a run until quiescence equals the QANN output. Use :func:`simulate`, which runs
+    several time steps per call (:meth:`run_steps`) with bit-identical outputs.
     """
 
-    def __init__(self, net: nn.Module, runner: Runner, zero_input_after_first: bool) -> None:
+    def __init__(self, net: nn.Module, runner: Runner, zero_input_after_first: bool, multi_step: bool = True) -> None:
         super().__init__()
         self.net = net
         self._runner = runner
         self.zero_input_after_first = zero_input_after_first
+        self.multi_step = multi_step
+        self._stateful = [m for m in net.modules() if isinstance(m, _Stateful)]
         self.t = 0
 
     def reset(self) -> None:
         """Clear every neuron's and operator's state (required between batches)."""
-        for m in self.net.modules():
-            if isinstance(m, _Stateful):
-                m.reset()
+        for m in self._stateful:
+            m.reset()
         self.t = 0
 
     def neurons(self) -> list[tuple[str, STBIFNeuron]]:
@@ -336,11 +647,39 @@ class SpikingModel(nn.Module):
     def synaptic_ops(self) -> list[tuple[str, nn.Module]]:
         return [(n, m) for n, m in self.net.named_modules() if isinstance(m, (_OnceBias, SpikeMatmul))]
 
+    def _set_steps(self, steps: int) -> None:
+        for m in self._stateful:
+            m.steps = steps
+
     @torch.no_grad()
     def step(self, x_t: torch.Tensor, **kw: object) -> torch.Tensor:
+        """One time step: input ``x_t`` ``(B, ...)`` -> output ``(B, ...)``."""
+        self._set_steps(1)
         out = self._runner(self.net, x_t, self.t, **kw)
         self.t += 1
         return out
+
+    @torch.no_grad()
+    def run_steps(self, x: torch.Tensor, steps: int, **kw: object) -> torch.Tensor:
+        """``steps`` time steps in one call (multi-step runners only).
+
+        Args:
+            x: the encoded input of these steps stacked along dim 0, ``(steps * B, ...)`` (for
+                ``zero_input_after_first=False`` models, such as token ids, the ``(B, ...)`` input itself).
+            steps: number of time steps T.
+
+        Returns:
+            Outputs ``(T, B, ...)``; identical to T calls of :meth:`step`.
+        """
+        if not self.multi_step:
+            raise RuntimeError("spikezip_tf: this model's runner was registered without multi_step=True")
+        self._set_steps(steps)
+        try:
+            out = self._runner(self.net, x, self.t, steps=steps, **kw)
+        finally:
+            self._set_steps(1)
+        self.t += steps
+        return _split_time(out, steps)
 
     def forward(self, x_t: torch.Tensor, **kw: object) -> torch.Tensor:
         return self.step(x_t, **kw)
@@ -359,6 +698,8 @@ def _convert_children(module: nn.Module, prefix: str, neuron_kw: dict) -> None:
             new = STBIFNeuron.from_quantizer(child, **neuron_kw)
         elif isinstance(child, QAttention):
             new = SpikingAttention(child, **neuron_kw)
+        elif isinstance(child, QSelfAttention):
+            new = SpikingSelfAttention(child, **neuron_kw)
         elif isinstance(child, nn.Linear):
             new = SpikeLinear(child)
         elif isinstance(child, nn.Conv2d):
@@ -370,8 +711,8 @@ def _convert_children(module: nn.Module, prefix: str, neuron_kw: dict) -> None:
                 raise TypeError(f"spikezip_tf: ReLU at '{path}' does not follow an unsigned quantizer; quantize "
                                 f"the model first (quantize() merges each FFN ReLU into one)")
             new = nn.Identity()  # the unsigned ST-BIF neuron already realises max(., 0)
-        elif isinstance(child, nn.Dropout):
-            new = nn.Identity()
+        elif isinstance(child, nn.Dropout) or type(child).__name__ == "DropPath":
+            new = nn.Identity()  # eval mode: identities
         elif isinstance(child, (nn.Identity, nn.Embedding)):
             new = None  # embeddings are used by the runner at t = 0 only
         elif len(list(child.children())) == 0 and type(child) not in (nn.Sequential, nn.ModuleList):
@@ -393,7 +734,9 @@ def convert(qann: nn.Module, *, dtype: torch.dtype | None = None, v_init: float 
     Dropout -> Identity. The QANN is not modified.
 
     Args:
-        qann: a quantized ``TinyViT`` or ``TinyTextEncoder`` (or a type added with :func:`register_runner`).
+        qann: a quantized ``TinyViT``, ``TinyTextEncoder``, timm-layout ViT, Hugging Face BERT/RoBERTa encoder
+            (recognised by structure; its steps return ``last_hidden_state``), or a type added with
+            :func:`register_runner`.
         dtype: cast the spiking network to this dtype (e.g. ``torch.float64`` for exact checks).
         v_init: initial membrane in threshold units (paper 1/2; 0 is the "no half-threshold" ablation).
         negative_spikes: allow -1 spikes (paper True; False is the "no negative spikes" ablation);
@@ -409,10 +752,10 @@ def convert(qann: nn.Module, *, dtype: torch.dtype | None = None, v_init: float 
     if not isinstance(qann, nn.Module):
         raise TypeError(f"spikezip_tf: qann must be an nn.Module, got {type(qann).__name__}")
     check_activations(qann)
-    runner, zero_after = _runner_for(qann)
+    runner, zero_after, multi = _runner_for(qann)
     if not quantizers(qann):
         raise ValueError("spikezip_tf: the model has no quantizers; call quantize() (and train it) before convert()")
-    if isinstance(qann, (Quantizer, QAttention)):
+    if isinstance(qann, (Quantizer, QAttention, QSelfAttention)):
         raise TypeError("spikezip_tf: convert() takes a whole model, not a single layer")
     if not (isinstance(negative_spikes, bool) or negative_spikes in ("signed", "unsigned")):
         raise ValueError(f"spikezip_tf: negative_spikes must be True, False, 'signed' or 'unsigned', "
@@ -425,7 +768,7 @@ def convert(qann: nn.Module, *, dtype: torch.dtype | None = None, v_init: float 
         net = net.to(dtype)
     for p in net.parameters():
         p.requires_grad_(False)
-    snn = SpikingModel(net, runner, zero_after)
+    snn = SpikingModel(net, runner, zero_after, multi)
     snn.reset()
     return snn
 
@@ -469,7 +812,8 @@ class SimulationResult:
 
 @torch.no_grad()
 def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiescent: bool = True,
-             mask: torch.Tensor | None = None) -> SimulationResult:
+             mask: torch.Tensor | None = None, chunk: int | None = None,
+             skip_after_quiescence: bool = True) -> SimulationResult:
     """Run ``snn`` with analog encoding (``x`` at t = 0, zeros after) from a fresh reset.
 
     Args:
@@ -478,6 +822,15 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
         max_steps: step cap ``T_max`` (>= 1).
         until_quiescent: stop at the first step without any spike (later outputs would be exactly 0).
         mask: optional key mask ``(B, N)`` for text encoders (applied at t = 0).
+        chunk: time steps per multi-step call (default 4): each layer processes the whole chunk before the next
+            layer runs; steps without any input event are skipped (their outputs are exactly zero), row-wise
+            operators (LayerNorm, softmax) run once on all steps with input, the ST-BIF recurrence loops over
+            the steps in place. ``1`` is the step-by-step reference path. Quiescence is checked after each
+            chunk; past it every output is exactly zero, so the remaining steps are cut (``until_quiescent``) or
+            filled with zeros. Outputs are identical for every ``chunk``.
+        skip_after_quiescence: without ``until_quiescent``, fill the steps after the first silent step with zeros
+            instead of simulating them (exact: with zero input nothing can spike again). ``False`` simulates them,
+            e.g. to check that the network indeed stays quiet.
 
     Returns:
         A :class:`SimulationResult`.
@@ -485,6 +838,8 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
     if not isinstance(snn, SpikingModel):
         raise TypeError(f"spikezip_tf: snn must be a SpikingModel (from convert()), got {type(snn).__name__}")
     val.integer("spikezip_tf", "max_steps", max_steps, minimum=1)
+    if chunk is not None:
+        val.integer("spikezip_tf", "chunk", chunk, minimum=1)
     val.tensor("spikezip_tf", "x", x)
     p = next(iter(snn.net.parameters()))
     x = x.to(p.device)
@@ -492,47 +847,72 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
         x = x.to(p.dtype)
     if mask is not None:
         mask = mask.to(p.device)
+    if chunk is None:
+        chunk = 4
+    if not snn.multi_step:
+        chunk = 1
     neurons = snn.neurons()
     ops = snn.synaptic_ops()
     snn.reset()
+    b = x.shape[0]
     outs: list[torch.Tensor] = []
     spikes_layer = {n: torch.zeros((), dtype=torch.long, device=p.device) for n, _ in neurons}
     sops_layer = {n: torch.zeros((), dtype=torch.float64, device=p.device) for n, _ in ops}
-    spikes_step, sops_step, sample_steps = [], [], []
+    spikes_step: list[int] = []
+    sops_step, sample_steps = [], []
     quiet: int | None = None
-    zeros = torch.zeros_like(x) if snn.zero_input_after_first else x
-    for t in range(max_steps):
-        outs.append(snn.step(x if t == 0 else zeros, mask=mask))
-        per_sample = torch.zeros(x.shape[0], dtype=torch.long, device=p.device)
+    t = 0
+    while t < max_steps:
+        steps = min(chunk, max_steps - t)
+        if chunk == 1:  # the step-by-step reference path
+            xin = x if t == 0 or not snn.zero_input_after_first else torch.zeros_like(x)
+            out = snn.step(xin, mask=mask)[None]
+        else:
+            xin = _first_rows(x, t, steps) if snn.zero_input_after_first else x
+            out = snn.run_steps(xin, steps, mask=mask)
+        per_sample = torch.zeros(steps, b, dtype=torch.long, device=p.device)
         for n, m in neurons:
             if m.last_spikes is not None:
                 per_sample += m.last_spikes
                 spikes_layer[n] += m.last_spikes.sum()
-        step_sops = torch.zeros((), dtype=torch.float64, device=p.device)
+            m.last_spikes = None
+        step_sops = torch.zeros(steps, dtype=torch.float64, device=p.device)
         for n, m in ops:
             if m.last_sops is not None:
-                sops_layer[n] += m.last_sops
+                sops_layer[n] += m.last_sops.sum()
                 step_sops += m.last_sops
                 m.last_sops = None
-        for _, m in neurons:
-            m.last_spikes = None
-        sample_steps.append(per_sample)
-        total = int(per_sample.sum())  # one host sync per step
-        spikes_step.append(total)
-        sops_step.append(step_sops)
-        if total == 0:
-            if quiet is None:
-                quiet = t  # the FIRST silent step (later steps stay silent)
+        totals = per_sample.sum(1).tolist()  # one host sync per chunk
+        keep = steps
+        silent = [i for i, tot in enumerate(totals) if tot == 0]
+        if silent and quiet is None:
+            quiet = t + silent[0]  # the FIRST silent step (later steps stay silent)
             if until_quiescent:
-                break
-    per = torch.stack(sample_steps)  # (T, B)
-    silent = per.eq(0)
-    first = torch.where(silent.any(0), silent.float().argmax(0), torch.full_like(per[0], -1))
+                # past a silent step nothing spikes and every output is exactly 0: cutting loses nothing
+                keep = silent[0] + 1
+        outs.append(out[:keep])
+        sample_steps.append(per_sample[:keep])
+        spikes_step.extend(totals[:keep])
+        sops_step.append(step_sops[:keep])
+        t += steps
+        if quiet is not None and (until_quiescent or skip_after_quiescence):
+            if not until_quiescent and t < max_steps:
+                # every later step is silent with exactly zero outputs and no synaptic events (the input is zero
+                # after t = 0): fill them in instead of computing them
+                rest = max_steps - t
+                outs.append(out.new_zeros(rest, *out.shape[1:]))
+                sample_steps.append(per_sample.new_zeros(rest, b))
+                spikes_step.extend([0] * rest)
+                sops_step.append(step_sops.new_zeros(rest))
+            break
+    per = torch.cat(sample_steps)  # (T, B)
+    silent_mask = per.eq(0)
+    first = torch.where(silent_mask.any(0), silent_mask.float().argmax(0), torch.full_like(per[0], -1))
     return SimulationResult(
-        outputs=torch.stack(outs), quiescent_step=quiet, sample_quiescent_step=first,
+        outputs=torch.cat(outs), quiescent_step=quiet, sample_quiescent_step=first,
         spikes_per_layer={n: int(v) for n, v in spikes_layer.items()},
         sops_per_layer={n: float(v) for n, v in sops_layer.items()},
-        spikes_per_step=torch.tensor(spikes_step), sops_per_step=torch.stack(sops_step).cpu())
+        spikes_per_step=torch.tensor(spikes_step), sops_per_step=torch.cat(sops_step).cpu())
 
 
 @torch.no_grad()
@@ -561,14 +941,12 @@ def count_macs(model: nn.Module, *args: torch.Tensor, **kwargs: torch.Tensor) ->
             macs[name + ".matmul"] = macs.get(name + ".matmul", 0.0) + 2.0 * b * n * n * c
         return h
 
-    from icml24.common.nets import Attention
-
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear):
             hooks.append(m.register_forward_hook(lin(name)))
         elif isinstance(m, nn.Conv2d):
             hooks.append(m.register_forward_hook(conv(name)))
-        elif isinstance(m, (Attention, QAttention)):
+        elif (isinstance(m, (QAttention, QSelfAttention)) or _is_qkv_attention(m) or _is_hf_self_attention(m)):
             hooks.append(m.register_forward_hook(att(name)))
     was = model.training
     model.eval()
