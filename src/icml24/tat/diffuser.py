@@ -269,5 +269,5 @@ def train_diffuser(diffusion: GaussianDiffusion, windows: Callable[[int, torch.G
         with torch.no_grad():
             for pe, p in zip(ema.model.parameters(), diffusion.model.parameters(), strict=True):
                 pe.lerp_(p, 1 - ema_decay)
-        curve.append(float(loss))
+        curve.append(float(loss.detach()))
     return ema, curve

@@ -76,11 +76,11 @@ class Maze:
         if p.size < 2 or not np.all(np.isfinite(p[:2])):
             raise ValueError(f"{owner}: {name} must be a finite (x, y) position, got {pos!r}")
         if not self.in_map(p):
-            raise ValueError(f"{owner}: {name} {tuple(p[:2])} is outside the {self.name} map "
+            raise ValueError(f"{owner}: {name} ({p[0]:g}, {p[1]:g}) is outside the {self.name} map "
                              f"(x in [-0.5, {self.shape[0] - 0.5}), y in [-0.5, {self.shape[1] - 0.5}))")
         i, j = self.cell_of(p)
         if self.walls[i, j]:
-            raise ValueError(f"{owner}: {name} {tuple(p[:2])} is inside the wall cell ({i}, {j}) of the "
+            raise ValueError(f"{owner}: {name} ({p[0]:g}, {p[1]:g}) is inside the wall cell ({i}, {j}) of the "
                              f"{self.name} maze")
         return p
 

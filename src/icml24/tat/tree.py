@@ -31,7 +31,7 @@ _OWNER = "TrajectoryAggregationTree"
 class TreeNode:
     """A node: weighted mean of its merged states, the summed weight (its "value"), children."""
 
-    __slots__ = ("parent", "children", "_wsum", "_wstate", "count", "steps", "_child_states")
+    __slots__ = ("parent", "children", "_wsum", "_wstate", "count", "steps", "_child_states", "index")
 
     def __init__(self, state: np.ndarray, weight: float, step: int, parent: TreeNode | None = None) -> None:
         self.parent = parent
@@ -40,6 +40,7 @@ class TreeNode:
         self._wstate = np.asarray(state, dtype=float) * float(weight)
         self.count = 1
         self.steps = [int(step)]
+        self.index = 0  # position among the parent's children
         self._child_states = np.zeros((0, self._wstate.shape[0]))
 
     @property
@@ -58,17 +59,23 @@ class TreeNode:
         self.count += 1
         self.steps.append(int(step))
         if self.parent is not None:
-            self.parent._child_states[self.parent.children.index(self)] = self.state
+            self.parent._child_states[self.index] = self.state
 
     def expand(self, state: np.ndarray, weight: float, step: int) -> TreeNode:
         child = TreeNode(state, weight, step, parent=self)
+        child.index = len(self.children)
         self.children.append(child)
-        self._child_states = np.vstack([self._child_states, child.state[None]])
+        n = len(self.children)
+        if n > len(self._child_states):  # grow the cache geometrically
+            grown = np.zeros((max(4, 2 * n), self._wstate.shape[0]))
+            grown[:n - 1] = self._child_states[:n - 1]
+            self._child_states = grown
+        self._child_states[n - 1] = child.state
         return child
 
     def child_states(self) -> np.ndarray:
         """``[n_children, D]`` array of the children's states (kept in sync for a vectorised scan)."""
-        return self._child_states
+        return self._child_states[:len(self.children)]
 
     def depth(self) -> int:
         """Length of the longest chain below this node."""
@@ -109,6 +116,7 @@ class TrajectoryAggregationTree:
 
     # ------------------------------------------------------------------ distances
     def _dist(self, s: np.ndarray, cs: np.ndarray) -> np.ndarray:
+        """Distance of state ``s`` to each row of ``cs``."""
         if self.distance == "euclidean":
             return np.linalg.norm(cs - s, axis=1)
         den = np.linalg.norm(cs, axis=1) * np.linalg.norm(s)
@@ -179,6 +187,7 @@ class TrajectoryAggregationTree:
                                                                maximum=len(self.root.children) - 1)
         self.root = self.root.children[k]
         self.root.parent = None
+        self.root.index = 0
 
     def rollout(self, n: int, *, rng: np.random.Generator | None = None) -> np.ndarray:
         """Act and prune ``n`` times (open-loop plan), returning ``[n', D]`` states (``n' < n`` if the tree ends).
@@ -209,10 +218,12 @@ class TrajectoryAggregationTree:
 
 def aggregate_plan(trajectories: Any, *, lambda_: float = 0.98, merge_threshold: float = 5e-4,
                    distance: Literal["cosine", "euclidean"] = "cosine", history_length: int = 1,
-                   rng: np.random.Generator | None = None) -> np.ndarray:
+                   rng: np.random.Generator | None = None, return_tree: bool = False
+                   ) -> np.ndarray | tuple[np.ndarray, dict[str, int]]:
     """TAT plan from one batch of sampled trajectories (Maze2D protocol of the official ``TATPolicy``): build a
     tree, integrate the batch, roll it out for ``L − 1`` steps; returns ``[L, D]`` = [τ_0[0], tree states...]
-    (padded with the last state if the tree ends early)."""
+    (padded with the last state if the tree ends early). With ``return_tree`` also ``{"root_children",
+    "n_nodes"}`` of the tree before the rollout."""
     x = np.asarray(trajectories.detach().cpu().numpy() if hasattr(trajectories, "detach") else trajectories,
                    dtype=float)
     if x.ndim != 3:
@@ -220,12 +231,13 @@ def aggregate_plan(trajectories: Any, *, lambda_: float = 0.98, merge_threshold:
     tree = TrajectoryAggregationTree(state_dim=x.shape[-1], lambda_=lambda_, merge_threshold=merge_threshold,
                                      distance=distance, history_length=history_length)
     tree.integrate(x)
+    info = {"root_children": len(tree.root.children), "n_nodes": tree.n_nodes()} if return_tree else {}
     L = x.shape[1]
     steps = tree.rollout(L - 1, rng=rng)
     plan = np.concatenate([x[0, :1], steps], axis=0)
     if len(plan) < L:
         plan = np.concatenate([plan, np.repeat(plan[-1:], L - len(plan), axis=0)], axis=0)
-    return plan
+    return (plan, info) if return_tree else plan
 
 
 def medoid_index(trajectories: Any) -> int:
