@@ -48,7 +48,7 @@ def test_checks_are_labelled_and_paired_over_plans(quick):
 
 
 def test_arms_share_the_batch_and_same_seed_same_numbers():
-    cfg = Config.quick().replace(train_steps=30, data_steps=3000, episodes_per_seed=5, n_samples=8, steps_grid=(20, 7, 4))
+    cfg = Config.quick().replace(train_steps=(30,), data_steps=3000, episodes_per_seed=5, n_samples=8, steps_grid=(20, 7, 4))
     planner, _ = train_maze_model(cfg, "umaze", 32)
     a = evaluate_maze(cfg, planner, seed=0, keep_example=True)
     b = evaluate_maze(cfg, planner, seed=0)
@@ -70,6 +70,7 @@ def test_arms_share_the_batch_and_same_seed_same_numbers():
     ({"merge_threshold": -1e-3}, "merge_threshold must be a finite number >= 0"),
     ({"fast_steps": 20}, "fast_steps"),
     ({"n_samples": 1}, "n_samples"),
+    ({"train_steps": (100,)}, "one count per maze"),
     ({"denoiser": "transformer"}, "denoiser"),
     ({"distance": "manhattan"}, "distance"),
     ({"seeds": (0,), "episodes_per_seed": 5}, ">= 10 plans"),
