@@ -48,7 +48,8 @@ def test_checks_are_labelled_and_paired_over_plans(quick):
 
 
 def test_arms_share_the_batch_and_same_seed_same_numbers():
-    cfg = Config.quick().replace(train_steps=(30,), data_steps=3000, episodes_per_seed=5, n_samples=8, steps_grid=(20, 7, 4))
+    cfg = Config.quick().replace(train_steps=(30,), data_steps=3000, episodes_per_seed=5, n_samples=8,
+                                 steps_grid=(20, 7, 4))
     planner, _ = train_maze_model(cfg, "umaze", 32)
     a = evaluate_maze(cfg, planner, seed=0, keep_example=True)
     b = evaluate_maze(cfg, planner, seed=0)

@@ -23,8 +23,7 @@ def _path(points: list[tuple[float, float]], n: int) -> np.ndarray:
 
 def test_feasible_majority_beats_through_wall_paths():
     """100 noisy copies of the feasible U-maze path + 28 of the through-the-wall shortcut: TAT follows the
-    feasible one, whatever the order, and its plan is feasible; a plain first-sample pick of a shuffled batch is
-    not guaranteed to be."""
+    feasible one, whatever the order of the batch, and its plan is feasible."""
     m = Maze("umaze")
     L = 40
     feas = _path([(1, 1), (1, 3), (3, 3), (3, 1)], L)
@@ -33,7 +32,8 @@ def test_feasible_majority_beats_through_wall_paths():
     norm = lambda x: 2 * (x - lo) / (hi - lo) - 1  # noqa: E731
     unnorm = lambda x: (x + 1) / 2 * (hi - lo) + lo  # noqa: E731
     rng = np.random.default_rng(0)
-    batch = np.concatenate([feas[None] + rng.normal(0, 0.01, (100, L, 4)), wall[None] + rng.normal(0, 0.01, (28, L, 4))])
+    batch = np.concatenate([feas[None] + rng.normal(0, 0.01, (100, L, 4)),
+                            wall[None] + rng.normal(0, 0.01, (28, L, 4))])
     batch[:, 0] = feas[0]  # the conditioned start
     assert plan_infeasible(m, batch[100:]).all() and not plan_infeasible(m, batch[:100]).any()
     for order in (np.arange(128), rng.permutation(128), np.arange(128)[::-1]):
@@ -92,8 +92,8 @@ def test_weighted_mean_and_weights_follow_lambda_power():
 
 
 def test_replanning_down_weights_the_older_plan_and_pruning_keeps_depth_in_sync():
-    """Plan A integrated, one step taken (prune), then plan B from the new state: at the next decision A's states
-    carry λ^k less weight, so two fresh B trajectories outweigh... and B's index i sits at depth i."""
+    """Plan A integrated, one step taken (prune), then plan B from the new state: A's states now carry λ^k less
+    weight than B's at the same depth (B's index i sits at depth i), so equal numbers of fresh votes win."""
     lam, L = 0.5, 6
     up = np.tile([0.0, 1.0], (L, 1))
     right = np.tile([1.0, 0.0], (L, 1))

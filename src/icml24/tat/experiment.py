@@ -240,7 +240,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     jobs = [(maze, s) for maze in cfg.mazes for s in cfg.seeds]
     for maze, s in progress(jobs, desc=f"{SLUG} eval"):
         seed_everything(s)
-        evals[maze, s] = evaluate_maze(cfg, planners[maze], seed=s, keep_example=cfg.plot_examples and s == cfg.seeds[0])
+        keep = cfg.plot_examples and s == cfg.seeds[0]
+        evals[maze, s] = evaluate_maze(cfg, planners[maze], seed=s, keep_example=keep)
     arms = list(evals[cfg.mazes[0], cfg.seeds[0]]["arms"])
 
     def per_plan(maze: str | None, arm: str, metric: str) -> list[float]:
@@ -312,10 +313,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         "loss_curves": {mz: ti["curve"] for mz, ti in train_info.items()},
         "rates": {mz: {a: {k: float(np.mean(per_plan(mz, a, k))) for k in ("infeasible", "success", "score")}
                        for a in arms} for mz in cfg.mazes},
-        "batch_infeasible": {mz: float(np.mean([x for s in cfg.seeds for x in evals[mz, s]["extra"]["batch_infeasible"]]))
-                             for mz in cfg.mazes},
-        "root_children_mean": {mz: float(np.mean([x for s in cfg.seeds for x in evals[mz, s]["extra"]["root_children"]]))
-                               for mz in cfg.mazes},
+        "batch_infeasible": {mz: _extra_mean(cfg, evals, mz, "batch_infeasible") for mz in cfg.mazes},
+        "root_children_mean": {mz: _extra_mean(cfg, evals, mz, "root_children") for mz in cfg.mazes},
         "iqm_score": iqm,
         "planning_time_s": timing,
         "plans_per_maze": len(cfg.seeds) * cfg.episodes_per_seed,
@@ -323,6 +322,10 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     }
     del summ
     return rec.finish(checks, artifacts=artifacts, extra=extra)
+
+
+def _extra_mean(cfg: Config, evals: dict, maze: str, key: str) -> float:
+    return float(np.mean([x for s in cfg.seeds for x in evals[maze, s]["extra"][key]]))
 
 
 def _arm_at(cfg: Config, kind: str, s: int) -> str:
