@@ -29,6 +29,7 @@ def test_quick_run_writes_a_complete_result(quick):
         assert ex["iqm_score"][a]["ci_low"] <= ex["iqm_score"][a]["iqm"] <= ex["iqm_score"][a]["ci_high"]
     assert ex["plans_per_maze"] == 12
     assert 0.0 <= ex["batch_infeasible"]["umaze"] <= 1.0 and ex["root_children_mean"]["umaze"] >= 1.0
+    assert 1.0 <= ex["root_max_count_mean"]["umaze"] <= 16 and 0.0 <= ex["tat_plan_is_sample0"]["umaze"] <= 1.0
     t = ex["planning_time_s"]
     assert t["t_sample"] > 0 and t["t_tat"] > 0
 

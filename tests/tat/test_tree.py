@@ -129,6 +129,8 @@ def test_short_histories_and_rollout_end():
     assert len(tree.root.children) == 1 and tree.root.children[0].count == 2
     plan = aggregate_plan(np.ones((4, 1, 2)))     # a plan of the start state only
     assert plan.shape == (1, 2)
+    plan, info = aggregate_plan(np.ones((4, 3, 2)), return_tree=True)
+    assert info == {"root_children": 1, "n_nodes": 3, "root_max_count": 4}
     t0 = TrajectoryAggregationTree(state_dim=2, history_length=0)
     t0.integrate(np.ones((1, 3, 2)))
     assert t0.root.depth() == 3

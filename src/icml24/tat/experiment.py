@@ -166,7 +166,8 @@ def evaluate_maze(cfg: Config, planner: DiffuserPlanner, *, seed: int, keep_exam
     arms = list(MAIN_ARMS) + [f"{a}_s{s}" for s in extra_steps for a in ("vanilla", "tat")]
     out: dict[str, dict[str, list[float]]] = {a: {"infeasible": [], "success": [], "score": []} for a in arms}
     extra: dict[str, list[float]] = {"batch_infeasible": [], "t_sample": [], "t_sample_fast": [], "t_tat": [],
-                                     "t_medoid": [], "root_children": [], "expert_return": []}
+                                     "t_medoid": [], "root_children": [], "root_max_count": [],
+                                     "tat_is_sample0": [], "expert_return": []}
     example = None
     tat_kw = {"lambda_": cfg.lambda_, "merge_threshold": cfg.merge_threshold, "distance": cfg.distance}
     for e in range(cfg.episodes_per_seed):
@@ -209,6 +210,8 @@ def evaluate_maze(cfg: Config, planner: DiffuserPlanner, *, seed: int, keep_exam
         extra["t_sample_fast"].append(t5 - t4)
         extra["expert_return"].append(ref)
         extra["root_children"].append(float(tinfo["root_children"]))
+        extra["root_max_count"].append(float(tinfo["root_max_count"]))
+        extra["tat_is_sample0"].append(float(np.allclose(tat_plan, xn[0])))
         if keep_example and example is None and out["vanilla"]["infeasible"][-1] and not out["tat"]["infeasible"][-1]:
             example = {"samples": xu, "vanilla": plans["vanilla"], "tat": plans["tat"], "medoid": plans["medoid"],
                        "start": start, "goal": goal}
@@ -315,6 +318,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                        for a in arms} for mz in cfg.mazes},
         "batch_infeasible": {mz: _extra_mean(cfg, evals, mz, "batch_infeasible") for mz in cfg.mazes},
         "root_children_mean": {mz: _extra_mean(cfg, evals, mz, "root_children") for mz in cfg.mazes},
+        "root_max_count_mean": {mz: _extra_mean(cfg, evals, mz, "root_max_count") for mz in cfg.mazes},
+        "tat_plan_is_sample0": {mz: _extra_mean(cfg, evals, mz, "tat_is_sample0") for mz in cfg.mazes},
         "iqm_score": iqm,
         "planning_time_s": timing,
         "plans_per_maze": len(cfg.seeds) * cfg.episodes_per_seed,

@@ -223,7 +223,7 @@ def aggregate_plan(trajectories: Any, *, lambda_: float = 0.98, merge_threshold:
     """TAT plan from one batch of sampled trajectories (Maze2D protocol of the official ``TATPolicy``): build a
     tree, integrate the batch, roll it out for ``L − 1`` steps; returns ``[L, D]`` = [τ_0[0], tree states...]
     (padded with the last state if the tree ends early). With ``return_tree`` also ``{"root_children",
-    "n_nodes"}`` of the tree before the rollout."""
+    "n_nodes", "root_max_count"}`` (the most trajectories merged into one depth-1 node) before the rollout."""
     x = np.asarray(trajectories.detach().cpu().numpy() if hasattr(trajectories, "detach") else trajectories,
                    dtype=float)
     if x.ndim != 3:
@@ -231,7 +231,8 @@ def aggregate_plan(trajectories: Any, *, lambda_: float = 0.98, merge_threshold:
     tree = TrajectoryAggregationTree(state_dim=x.shape[-1], lambda_=lambda_, merge_threshold=merge_threshold,
                                      distance=distance, history_length=history_length)
     tree.integrate(x)
-    info = {"root_children": len(tree.root.children), "n_nodes": tree.n_nodes()} if return_tree else {}
+    info = {"root_children": len(tree.root.children), "n_nodes": tree.n_nodes(),
+            "root_max_count": max((c.count for c in tree.root.children), default=0)} if return_tree else {}
     L = x.shape[1]
     steps = tree.rollout(L - 1, rng=rng)
     plan = np.concatenate([x[0, :1], steps], axis=0)
