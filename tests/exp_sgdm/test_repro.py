@@ -1,13 +1,14 @@
-"""Quick reproduction of exp_sgdm: run once, check the result's contents, the claims' direction, the config."""
+"""Quick reproduction of exp_sgdm: run once, check the result's contents, the checks' labels and controls, the config."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from icml24.common.data import load_sklearn
-from icml24.exp_sgdm.experiment import Config, run, train_mlp
+from icml24.common.data import load_mnist1d
+from icml24.exp_sgdm.experiment import Config, identity_p_value, run, train_mlp
 
 
 @pytest.fixture(scope="module")
@@ -19,53 +20,70 @@ def quick(tmp_path_factory):
 def test_quick_run_writes_a_complete_result(quick):
     res, out = quick
     d = json.loads((out / "results.json").read_text())
-    assert d["slug"] == "exp_sgdm" and d["mode"] == "quick" and d["seeds"] == [0, 1]
-    assert set(d["summary"]) == {"sgdm", "exp_sgdm"}
-    for name in ("lr_sweep.png", "train_curves.png", "stationarity.png"):
+    assert d["slug"] == "exp_sgdm" and d["mode"] == "quick" and d["seeds"] == [0, 1, 2]
+    assert {"sgdm", "exp_sgdm", "sgdm_min_lr", "identity_exponential", "identity_one", "identity_uniform2",
+            "identity_per_coordinate"} == set(d["summary"])
+    for name in ("lr_sweep.png", "train_curves.png", "stationarity.png", "identity.png"):
         assert (out / name).stat().st_size > 1000
-    assert (out / "report.md").read_text().count("holds") >= 4
-    assert len(res.claim_checks) == 4
-    # random scaling really happened in the Exp-SGDM arm (an Exp(1) draw > 1 in ~230 steps is certain)
+    # random scaling really happened in the Exp-SGDM arm (an Exp(1) draw > 1.5 in ~300 steps is certain)
     assert res.extra["max_scale_seen"] > 1.5
-    assert set(res.extra["tuned_lr"]) == {"digits", "breast_cancer"}
+    assert set(res.extra["tuned_lr"]) == {"sgdm", "exp_sgdm"}
 
 
-def test_quick_run_claim_directions(quick):
+def test_each_arm_is_tuned_on_validation_with_the_same_grid(quick):
     res, _ = quick
-    s = res.summary
-    checks = {c.name.split(":")[0]: c for c in res.claim_checks}
-    # comparable accuracy (mean over seeds, with the claim's margin) and high absolute accuracy on digits
-    assert checks["digits"].passed
-    assert s["exp_sgdm"]["digits_test_acc"]["mean"] > 90.0 and s["sgdm"]["digits_test_acc"]["mean"] > 90.0
-    assert abs(s["exp_sgdm"]["breast_cancer_test_acc"]["mean"] - s["sgdm"]["breast_cancer_test_acc"]["mean"]) <= 3.0
-    by_metric = {c.metric: c for c in res.claim_checks}
-    assert by_metric["failed_runs"].passed
-    # the EMA output's stationarity bound falls with the horizon
-    assert by_metric["stat_ema"].passed
-    assert s["exp_sgdm"]["stat_ema_T3000"]["mean"] < s["exp_sgdm"]["stat_ema_T300"]["mean"]
+    grid = list(Config.quick().lr_grid)
+    for arm in ("sgdm", "exp_sgdm"):
+        by_lr = res.extra["val_acc_mean_by_lr"][arm]
+        assert [float(k) for k in by_lr] == grid
+        best = max(grid, key=lambda lr: by_lr[str(lr)])
+        assert res.extra["tuned_lr"][arm] == best  # argmax of validation, never of test
+        # the recorded per-seed runs are the ones at the tuned η: their validation mean is the grid's maximum
+        recorded = [row["metrics"][arm]["val_acc"] for row in res.per_seed]
+        assert sum(recorded) / len(recorded) == pytest.approx(by_lr[str(best)])
 
 
-def test_checks_are_labelled_and_accuracy_claims_are_paired(quick):
-    """Only the accuracy comparisons vote (paired per-seed differences with a CI); the stationarity bound is a
-    mechanism of the theory and "no divergence" a precondition."""
+def test_checks_are_labelled_and_the_claim_is_paired(quick):
+    """Only the accuracy comparison votes (paired per-seed differences with a CI); the identity and the
+    stationarity bound are mechanisms; the regime, the tuning and the negative controls are sanity checks."""
     res, _ = quick
-    by_metric = {c.metric: c for c in res.claim_checks}
-    assert {m: c.kind for m, c in by_metric.items()} == {
-        "digits_test_acc": "claim", "breast_cancer_test_acc": "claim", "failed_runs": "sanity",
-        "stat_ema": "mechanism"}
+    kinds = [c.kind for c in res.claim_checks]
+    assert kinds.count("claim") == 1 and kinds.count("mechanism") == 2 and kinds.count("sanity") == 7
+    (c,) = res.checks("claim")
     margin = Config.quick().margin_points
-    for ds in ("digits", "breast_cancer"):
-        c = by_metric[f"{ds}_test_acc"]
-        d = [r["metrics"]["exp_sgdm"][f"{ds}_test_acc"] - r["metrics"]["sgdm"][f"{ds}_test_acc"] for r in res.per_seed]
-        assert c.measured == pytest.approx(sum(d) / len(d)) and c.n == len(d) == 2
-        assert c.ci_low <= c.measured <= c.ci_high and c.threshold == -margin
-        assert c.passed == (c.ci_low >= -margin)
-    assert res.verdict["claims_total"] == 2 and res.verdict["sanity_failed"] == []
+    d = [r["metrics"]["exp_sgdm"]["test_acc"] - r["metrics"]["sgdm"]["test_acc"] for r in res.per_seed]
+    assert c.measured == pytest.approx(sum(d) / len(d)) and c.n == len(d) == 3
+    assert c.ci_low <= c.measured <= c.ci_high and c.threshold == -margin
+    assert c.passed == (c.ci_low >= -margin)
+    assert res.verdict["claims_total"] == 1
+
+
+def test_identity_holds_and_every_negative_control_is_rejected(quick):
+    res, _ = quick
+    mech = {c.method_arm: c for c in res.claim_checks if c.metric == "identity_p"}
+    assert set(mech) == {"identity_exponential", "identity_one", "identity_uniform2", "identity_per_coordinate"}
+    assert mech["identity_exponential"].kind == "mechanism" and mech["identity_exponential"].passed
+    for arm in ("identity_one", "identity_uniform2", "identity_per_coordinate"):
+        assert mech[arm].kind == "sanity" and mech[arm].passed and mech[arm].measured < 1e-3
+
+
+def test_the_claims_test_rejects_the_small_lr_control(quick):
+    res, _ = quick
+    c = next(c for c in res.claim_checks if c.method_arm == "sgdm_min_lr")
+    assert c.kind == "sanity" and c.passed and c.measured < -Config.quick().margin_points
+
+
+def test_identity_p_value_is_a_chi_square_over_the_points():
+    est = [{"mean": 0.1, "se": 0.1}, {"mean": -0.2, "se": 0.1}]
+    stat, p = identity_p_value(est)
+    assert stat == pytest.approx(5.0) and p == pytest.approx(math.exp(-2.5))  # χ²_2 survival = exp(-x/2)
+    assert identity_p_value([{"mean": 0.3, "se": 0.0}]) == (math.inf, 0.0)  # exact non-zero gap: rejected
+    assert identity_p_value([{"mean": 0.0, "se": 0.0}])[1] == 1.0
 
 
 def test_same_seed_same_numbers():
-    cfg = Config.quick().replace(epochs=2, hidden=(32,))
-    split = load_sklearn("breast_cancer", seed=0, test_size=0.2)
+    cfg = Config.quick().replace(epochs=2, hidden=(16,))
+    split = load_mnist1d(seed=0)
     a = train_mlp(split, cfg=cfg, lr=0.5, random_scaling="exponential", seed=3)
     b = train_mlp(split, cfg=cfg, lr=0.5, random_scaling="exponential", seed=3)
     c = train_mlp(split, cfg=cfg, lr=0.5, random_scaling=None, seed=3)
@@ -75,15 +93,19 @@ def test_same_seed_same_numbers():
 
 @pytest.mark.parametrize("kw, match", [
     ({"momentum": 1.0}, "momentum must be in"),
-    ({"lr_grid": (1.0, 0.5)}, "strictly increasing"),
+    ({"lr_grid": (1.0, 0.5, 2.0)}, "strictly increasing"),
     ({"lr_grid": (0.0, 0.5)}, r"lr_grid\[0\] must be a finite number > 0"),
     ({"synth_steps": (100,)}, "synth_steps"),
-    ({"datasets": ("mnist",)}, "datasets"),
+    ({"lr_grid": (0.5, 1.0)}, ">= 3 strictly increasing"),
+    ({"seeds": (0,)}, ">= 2 seeds"),
+    ({"identity_level": 0.0}, "identity_level"),
+    ({"identity_samples": 1}, "identity_samples"),
+    ({"ceiling_points": float("nan")}, "ceiling_points"),
     ({"epochs": 0}, "epochs must be an int >= 1"),
     ({"margin_points": -1.0}, "margin_points"),
     ({"val_fraction": 1.0}, "val_fraction"),
-    ({"lr_grid": (0.5, float("nan"))}, "lr_grid"),
-    ({"lr_grid": (0.5, float("inf"))}, "lr_grid"),
+    ({"lr_grid": (0.5, 1.0, float("nan"))}, "lr_grid"),
+    ({"lr_grid": (0.5, 1.0, float("inf"))}, "lr_grid"),
     ({"synth_lr": float("nan")}, "synth_lr must be a finite number"),
     ({"synth_lr": float("inf")}, "synth_lr must be a finite number"),
     ({"synth_noise": float("nan")}, "synth_noise must be a finite number"),

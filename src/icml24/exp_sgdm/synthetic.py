@@ -18,7 +18,9 @@ import torch
 
 from icml24.common import validate as v
 
-__all__ = ["NonsmoothObjective", "IdentityEstimate", "scaling_identity_gap", "stationarity_upper_bound"]
+__all__ = ["NonsmoothObjective", "IdentityEstimate", "SCALINGS", "scaling_identity_gap", "stationarity_upper_bound"]
+
+SCALINGS = ("exponential", "one", "uniform", "uniform2", "per_coordinate")
 
 
 class NonsmoothObjective:
@@ -98,23 +100,30 @@ def scaling_identity_gap(f: NonsmoothObjective, x: torch.Tensor, delta: torch.Te
         delta: direction Δ, shape ``(d,)``.
         num_samples: M, Monte-Carlo draws of s.
         generator: source of the draws.
-        scaling: ``"exponential"`` (the identity), ``"one"`` (s ≡ 1) or ``"uniform"`` (s ~ U[0,1]); the
-            last two are negative controls for which the expectation is not zero in general.
+        scaling: ``"exponential"`` (the identity) or a negative control, for which the expectation is not
+            zero in general: ``"one"`` (s ≡ 1), ``"uniform"`` (s ~ U[0,1], original O2NC's draw),
+            ``"uniform2"`` (s ~ U[0,2]: mean 1 like Exp(1), but not exponential) or ``"per_coordinate"``
+            (an independent Exp(1) draw per coordinate, ``y = x + s ⊙ Δ``: no longer a move along one ray).
     """
     v.integer("exp_sgdm", "num_samples", num_samples, minimum=2)
-    v.one_of("exp_sgdm", "scaling", scaling, ("exponential", "uniform", "one"))
+    v.one_of("exp_sgdm", "scaling", scaling, SCALINGS)
     if x.shape != (f.dim,) or delta.shape != (f.dim,):
         raise ValueError(f"exp_sgdm: x and delta must have shape ({f.dim},), got {tuple(x.shape)}, "
                          f"{tuple(delta.shape)}")
     dt, dev = f.A.dtype, f.A.device
+    gd = generator.device
     if scaling == "exponential":
-        s = torch.empty(num_samples, dtype=dt, device=generator.device).exponential_(1.0, generator=generator)
+        s = torch.empty(num_samples, 1, dtype=dt, device=gd).exponential_(1.0, generator=generator)
+    elif scaling == "per_coordinate":
+        s = torch.empty(num_samples, f.dim, dtype=dt, device=gd).exponential_(1.0, generator=generator)
     elif scaling == "uniform":
-        s = torch.rand(num_samples, dtype=dt, device=generator.device, generator=generator)
+        s = torch.rand(num_samples, 1, dtype=dt, device=gd, generator=generator)
+    elif scaling == "uniform2":
+        s = 2.0 * torch.rand(num_samples, 1, dtype=dt, device=gd, generator=generator)
     else:  # "one"
-        s = torch.ones(num_samples, dtype=dt)
+        s = torch.ones(num_samples, 1, dtype=dt)
     x, delta, s = x.to(dev, dt), delta.to(dev, dt), s.to(dev)
-    y = x + s[:, None] * delta
+    y = x + s * delta
     df = f(y) - f(x)
     inner = f.grad(y) @ delta
     paired = df - inner
