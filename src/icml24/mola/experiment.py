@@ -100,7 +100,7 @@ class Config(ExperimentConfig):
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(seeds=(0, 1), num_samples=2000, hidden=64, pretrain_epochs=4, epochs=4, lrs=(3e-3,),
+        return cls(seeds=(0, 1), num_samples=2000, hidden=64, pretrain_epochs=4, epochs=6, lrs=(3e-3,),
                    alpha_over_r=(4.0,))
 
 
