@@ -3,7 +3,7 @@
 Benchmark (a regime where task conflict is real, checked by a ``sanity`` check: single-task models beat the shared
 model by >= 2 points). MNIST-1D series are split at random into four domains. Domain ``d`` adds a constant offset
 ``offset · (d − 1.5)`` to the standardised series (so the domain is visible in the input, for the router) and
-relabels the classes by its own map ``π_d``: ``π_0`` is the identity, ``π_1..π_3`` each swap two disjoint pairs of
+relabels the classes by its own map ``π_d``: ``π_0`` is the identity, ``π_1..π_3`` each swap ``swaps`` (4) disjoint pairs of
 classes (different pairs per domain). One shared 10-way head reads every domain, so the domains' targets conflict:
 the same series has different labels in different domains. Every arm starts from the same backbone, an MLP
 ``40 → h → h → 10`` pretrained on the union of the domains with the original labels, then:
@@ -60,12 +60,12 @@ class Config(ExperimentConfig):
     num_samples: int = field(default=8000, metadata={"help": "MNIST-1D series generated (80% train / 20% test)"})
     offset: float = field(default=1.0, metadata={
         "help": "domain offset scale: domain d adds offset·(d − 1.5) to the standardised series"})
-    swaps: int = field(default=2, metadata={"help": "class pairs swapped by each domain's label map π_1..π_3"})
+    swaps: int = field(default=4, metadata={"help": "class pairs swapped by each domain's label map π_1..π_3"})
     hidden: int = field(default=128, metadata={"help": "backbone width: MLP 40→hidden→hidden→10, ReLU"})
     pretrain_epochs: int = field(default=10, metadata={"help": "epochs of pretraining on the union (original labels)"})
     epochs: int = field(default=15, metadata={"help": "multi-domain training epochs per arm"})
     rank: int = field(default=4, metadata={"help": "r, LoRA rank of every expert (official README stage ranks 4)"})
-    lrs: tuple[float, ...] = field(default=(1e-3, 3e-3, 1e-2), metadata={
+    lrs: tuple[float, ...] = field(default=(3e-3, 1e-2, 3e-2), metadata={
         "help": "η grid (AdamW), the same for every arm, tuned on validation"})
     alpha_over_r: tuple[float, ...] = field(default=(1.0, 4.0), metadata={
         "help": "α/r grid of every MoLA arm (official α = 16 with r = 4: α/r = 4), tuned on validation"})
@@ -139,7 +139,7 @@ def label_maps(*, swaps: int, n_classes: int = 10, seed: int = 1234) -> torch.Te
     return torch.as_tensor(np.stack(maps), dtype=torch.long)
 
 
-def make_domains(*, seed: int, num_samples: int = 8000, offset: float = 1.0, swaps: int = 2) -> Domains:
+def make_domains(*, seed: int, num_samples: int = 8000, offset: float = 1.0, swaps: int = 4) -> Domains:
     """The four conflicting MNIST-1D domains (seeded train/validation split and domain assignment)."""
     s = load_mnist1d(seed=seed, val_fraction=0.2, num_samples=num_samples)
     mu, sd = s.x_train.mean(), s.x_train.std()
