@@ -140,18 +140,38 @@ def test_train_vit_selects_the_epoch_on_validation_only():
 
 # ------------------------------------------------------------------------------------------- model and arms
 def test_vit1d_shapes_tokens_and_errors():
-    vit = ViT1D(patch_size=4, stride=2, embed_dim=16, depth=1, num_heads=2)
-    assert vit.num_patches == 19
+    vit = ViT1D(patch_size=4, stride=2, embed_dim=16, depth=1, num_heads=2, pool="cls")
+    assert vit.num_patches == 19 and vit.num_prefix_tokens == 1
     x = torch.randn(3, 40)
     assert vit.tokens(x).shape == (3, 20, 16) and vit(x).shape == (3, 10)
     # token t (t >= 1) is the embedding of samples [2(t-1), 2(t-1) + 4) plus its position
     with torch.no_grad():
         ref = vit.patch_embed(x[:, 6:10]) + vit.pos_embed[0, 4]
     torch.testing.assert_close(vit.tokens(x)[:, 4], ref)
+    mean = ViT1D(patch_size=4, stride=4, embed_dim=16, depth=1, num_heads=2)
+    assert mean.num_prefix_tokens == 0 and mean.cls_token is None and mean.tokens(x).shape == (3, 10, 16)
+    with torch.no_grad():  # the head reads the mean of the normalised tokens
+        ref = mean.head(mean.norm(mean.blocks(mean.tokens(x))).mean(1))
+    torch.testing.assert_close(mean(x), ref)
     with pytest.raises(ValueError, match=r"expects \(B, 40\)"):
         vit(torch.randn(3, 1, 40))
     with pytest.raises(ValueError, match="patch_size"):
         ViT1D(patch_size=41)
+    with pytest.raises(ValueError, match="pool must be one of"):
+        ViT1D(pool="max")
+
+
+def test_cls_pooling_leaves_a_one_block_conv_branch_dead_and_mean_pooling_does_not():
+    """Why the experiment pools by mean: with a cls head, one block's FFN only matters on the cls token, which
+    skips the depthwise conv, so the conv gets no gradient."""
+    grads = {}
+    for pool in ("cls", "mean"):
+        cfg = dataclasses.replace(Config(), depth=1, pool=pool)
+        torch.manual_seed(0)
+        vit = build_vit("iffn_r1", cfg, "cpu")
+        vit(torch.randn(4, 40)).square().sum().backward()
+        grads[pool] = vit.blocks[0].mlp.dwconv.weight.grad.abs().sum().item()
+    assert grads["cls"] == 0.0 and grads["mean"] > 0
 
 
 _EXPECTED = {  # kind -> (channel instances n, spatial, topology, learnable channel AGeLU, spatial act type)
@@ -167,7 +187,7 @@ def test_every_arm_builds_as_described_and_its_costs_match_the_counter(arm):
     vit = build_vit(arm, cfg, "cpu")
     mlp = vit.blocks[0].mlp
     kind, ratio = parse_arm(arm)
-    c, n_tok = cfg.embed_dim, cfg.num_patches + 1
+    c, n_tok = cfg.embed_dim, cfg.num_patches + vit.num_prefix_tokens
     if kind == "ffn":
         assert not isinstance(mlp, IFFN) and mlp.fc1.out_features == int(ratio * c)
         assert ffn_costs(vit)["ffn_kflops"] * 1e3 == cfg.depth * n_tok * 2 * (2 * c * int(ratio * c))
@@ -223,6 +243,7 @@ def test_same_seed_same_numbers_toy():
     ({"n_instances": 0}, "n_instances must be an int >= 1"),
     ({"num_heads": 3}, "divisible by num_heads"),
     ({"patch_size": 41}, "patch_size"),
+    ({"pool": "max"}, "pool"),
 ])
 def test_config_validation(change, match):
     with pytest.raises(ValueError, match=match):
