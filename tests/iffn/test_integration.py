@@ -359,6 +359,19 @@ def test_serial_topology_costs_gradients_and_identity_conv():
         IFFN(8, topology="stacked")
 
 
+
+def test_replace_ffn_serial_topology_in_a_vit():
+    torch.manual_seed(0)
+    vit = TinyViT(img_size=8, patch_size=2, embed_dim=16, depth=2)
+    assert replace_ffn(vit, hidden_ratio=1.0, n_instances=2, topology="serial") == 2
+    for blk in vit.blocks:
+        assert blk.mlp.topology == "serial" and blk.mlp.fc2_in == 2 * 16 and blk.mlp.num_prefix_tokens == 1
+    tokens = torch.randn(1, 17, 16)
+    flops = count_flops(vit.blocks[0].mlp, tokens)
+    assert flops == vit.blocks[0].mlp.flops(batch_size=1, num_tokens=17) == 2 * (17 * 16 * 16 * 3 + 16 * 16 * 9)
+    vit(torch.randn(2, 1, 8, 8)).sum().backward()
+    assert vit.blocks[0].mlp.dwconv.weight.grad.abs().sum() > 0
+
 # ---------------------------------------------------------------------------- 1-D token sequences, (1, k) kernel
 def _reference_1d(m: IFFN, x: torch.Tensor, p: int) -> torch.Tensor:
     """Slow reference of both topologies on a (1, L) grid: a depthwise 1-D conv with zero padding, by loops."""
