@@ -1,6 +1,6 @@
 """IFFN reproduction: does AGeLU + a depthwise conv let a ViT FFN run at a reduced hidden ratio?
 
-A small ViT on MNIST-1D (40-sample series cut into 1-D patches, a cls token) with every FFN replaced per arm
+A small ViT on MNIST-1D (40-sample series cut into 1-D patches, mean pooling) with every FFN replaced per arm
 ``<kind>_r<ratio>``: plain GeLU FFNs at r = 4, 2 (the FLOP-matched baseline of IFFN r = 1) and 1; IFFN r = 1
 (n AGeLU + depthwise conv, parallel); and ablations at r = 1: AGeLU only, conv only (GeLU + conv), one AGeLU +
 conv, n fixed shifted GeLUs + conv (no learning), and the serial LocalViT/CMT topology
@@ -241,7 +241,7 @@ class _RatioMlp(Mlp):
 
 def mlp_layer_for(arm: str, cfg: Config):
     """The ``mlp_layer`` factory (timm slot) of arm ``<kind>_r<ratio>``; IFFNs see the tokens as a ``(1, L)``
-    grid with a ``(1, k)`` depthwise kernel (cls token bypasses the conv)."""
+    grid with a ``(1, k)`` depthwise kernel (a cls token, with ``pool="cls"``, bypasses the conv)."""
     kind, ratio = parse_arm(arm)
     if kind == "ffn":
         return functools.partial(_RatioMlp, ratio=ratio)
