@@ -91,8 +91,9 @@ class Config(ExperimentConfig):
         "cls token alone (its conv branch would be dead)"))
     epochs: int = field(default=20, metadata=_h("training epochs (ours, CPU budget: 63 runs in ~8 CPU-min)"))
     batch_size: int = field(default=128, metadata=_h("batch size"))
-    lr_grid: tuple[float, ...] = field(default=(2e-3, 4e-3, 8e-3), metadata=_h(
-        "AdamW peak lrs tried per arm on the first seed's validation split (issue: ~3 values)"))
+    lr_grid: tuple[float, ...] = field(default=(8e-3, 1.6e-2, 3.2e-2), metadata=_h(
+        "AdamW peak lrs tried per arm on the first seed's validation split (issue: ~3 values; a first full run with "
+        "2e-3/4e-3/8e-3 put every arm at 8e-3, the grid's edge, so the grid moved up keeping 8e-3)"))
     weight_decay: float = field(default=0.05, metadata=_h(
         "AdamW weight decay on weights only (not biases, norms, AGeLU a,b,c,d, cls/pos); notes §2.5, §2.6"))
     warmup_epochs: int = field(default=1, metadata=_h("linear warmup epochs, then cosine (DeiT recipe, scaled)"))
