@@ -12,7 +12,6 @@ from torch import nn
 
 from icml24.common.nets import Mlp, TinyViT
 from icml24.iffn import IFFN, AGeLU, count_flops, ffn_flops_per_token, ffn_num_params, replace_ffn
-from icml24.iffn.experiment import random_shift
 
 TIMM_MLP_ARGS = ["in_features", "hidden_features", "out_features", "act_layer", "norm_layer", "bias", "drop"]
 
@@ -290,29 +289,6 @@ def test_forward_errors():
     with pytest.raises(ValueError, match="num_tokens must be an int >= 1"):
         m.flops(batch_size=1, num_tokens=0)
     assert IFFN(8, spatial=False)(torch.randn(5, 8)).shape == (5, 8)  # no grid needed without the branch
-
-
-# ----------------------------------------------------------------------------------- augmentation
-def test_random_shift_is_an_integer_translation():
-    g = torch.Generator().manual_seed(0)
-    x = torch.arange(2 * 64, dtype=torch.float32).reshape(2, 1, 8, 8) + 1
-    torch.testing.assert_close(random_shift(x, max_shift=0, generator=g), x)
-    y = random_shift(x, max_shift=2, generator=torch.Generator().manual_seed(3))
-    assert y.shape == x.shape
-    for i in range(2):  # every output is x shifted by some (dy, dx) in [-2, 2]^2 with zero fill
-        ok = False
-        for dy in range(-2, 3):
-            for dx in range(-2, 3):
-                ref = torch.zeros(8, 8)
-                src = x[i, 0]
-                ref[max(0, dy):8 + min(0, dy), max(0, dx):8 + min(0, dx)] = \
-                    src[max(0, -dy):8 + min(0, -dy), max(0, -dx):8 + min(0, -dx)]
-                ok |= torch.equal(y[i, 0], ref)
-        assert ok
-    y2 = random_shift(x, max_shift=2, generator=torch.Generator().manual_seed(3))
-    assert torch.equal(y, y2)
-    with pytest.raises(ValueError, match="max_shift"):
-        random_shift(x, max_shift=-1, generator=g)
 
 
 def test_flops_of_channels_last_input_match_the_counter():

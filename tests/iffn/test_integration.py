@@ -20,7 +20,7 @@ from icml24.iffn import (
     count_flops,
     replace_ffn,
 )
-from icml24.iffn.experiment import Config, mlp_layer_for, param_groups
+from icml24.iffn.experiment import Config, build_vit, param_groups
 
 
 def _iffn_vit(**kw) -> TinyViT:
@@ -296,8 +296,7 @@ def test_agelu_shifts_and_spread():
     agelu_shifts(vit)["blocks.0.mlp.act"].zero_()
     assert vit.blocks[0].mlp.act.c.abs().sum() > 0
     assert agelu_shift_spread(TinyViT(img_size=8, patch_size=2, embed_dim=16, depth=1)) == {}
-    fixed = TinyViT(img_size=8, patch_size=2, embed_dim=16, depth=1,
-                    mlp_layer=mlp_layer_for("dwconv_gelu_r1", Config.quick()))
+    fixed = build_vit("dwconv_gelu_r1", Config.quick(), "cpu")
     assert agelu_shifts(fixed) == {}  # fixed (buffer) activations are not learned shifts
 
 
@@ -358,3 +357,76 @@ def test_serial_topology_costs_gradients_and_identity_conv():
     torch.testing.assert_close(s(x), plain(x))
     with pytest.raises(ValueError, match="topology must be one of"):
         IFFN(8, topology="stacked")
+
+
+
+def test_replace_ffn_serial_topology_in_a_vit():
+    torch.manual_seed(0)
+    vit = TinyViT(img_size=8, patch_size=2, embed_dim=16, depth=2)
+    assert replace_ffn(vit, hidden_ratio=1.0, n_instances=2, topology="serial") == 2
+    for blk in vit.blocks:
+        assert blk.mlp.topology == "serial" and blk.mlp.fc2_in == 2 * 16 and blk.mlp.num_prefix_tokens == 1
+    tokens = torch.randn(1, 17, 16)
+    flops = count_flops(vit.blocks[0].mlp, tokens)
+    assert flops == vit.blocks[0].mlp.flops(batch_size=1, num_tokens=17) == 2 * (17 * 16 * 16 * 3 + 16 * 16 * 9)
+    vit(torch.randn(2, 1, 8, 8)).sum().backward()
+    assert vit.blocks[0].mlp.dwconv.weight.grad.abs().sum() > 0
+
+# ---------------------------------------------------------------------------- 1-D token sequences, (1, k) kernel
+def _reference_1d(m: IFFN, x: torch.Tensor, p: int) -> torch.Tensor:
+    """Slow reference of both topologies on a (1, L) grid: a depthwise 1-D conv with zero padding, by loops."""
+    b, n, _ = x.shape
+    k = m.kernel_hw[1]
+    r = k // 2
+    w, bias = m.dwconv.weight[:, 0, 0], m.dwconv.bias
+    u = x @ m.fc1.weight.T + m.fc1.bias
+    conv = torch.zeros_like(u)
+    for t in range(p, n):
+        s = bias.clone()
+        for dj in range(k):
+            j = t - p + dj - r
+            if 0 <= j < n - p:
+                s = s + w[:, dj] * u[:, p + j]
+        conv[:, t] = s
+    a, b_, c, d = (m.act.per_instance(q) for q in "abcd")
+    if m.topology == "serial":
+        z = torch.where(torch.arange(n)[None, :, None] < p, u, conv)
+        h = torch.cat([a[q] * F.gelu(b_[q] * z + c[q]) + d[q] for q in range(m.n_instances)], -1)
+    else:
+        h = torch.cat([a[q] * F.gelu(b_[q] * u + c[q]) + d[q] for q in range(m.n_instances)], -1)
+        sa, sb, sc, sd = (m.spatial_act.per_instance(q)[0] for q in "abcd")
+        hs = sa * F.gelu(sb * conv + sc) + sd
+        hs[:, :p] = 0
+        h = torch.cat([h, hs], -1)
+    return h @ m.fc2.weight.T + m.fc2.bias
+
+
+@pytest.mark.parametrize("topology", ["parallel", "serial"])
+@pytest.mark.parametrize("p,k", [(1, 3), (0, 5)])
+def test_one_dimensional_grid_matches_slow_reference_and_counter(topology, p, k):
+    torch.manual_seed(0)
+    L = 9
+    m = IFFN(6, hidden_ratio=1.0, n_instances=2, kernel_size=(1, k), grid_size=(1, L), num_prefix_tokens=p,
+             topology=topology).double()
+    _randomize(m, 3)
+    assert m.dwconv.weight.shape == (6, 1, 1, k) and m.kernel_hw == (1, k)
+    assert m.fc2_in == (2 if topology == "serial" else 3) * 6
+    x = torch.randn(2, p + L, 6, dtype=torch.float64)
+    y = m(x)
+    assert y.shape == x.shape
+    torch.testing.assert_close(y, _reference_1d(m, x, p))
+    # costs: the (1, k) kernel costs k MACs per hidden channel and patch token, not k^2
+    assert count_flops(m, x) == m.flops(batch_size=2, num_tokens=p + L)
+    dense = 2 * (p + L) * (6 * 6 + m.fc2_in * 6)
+    assert m.flops(batch_size=1, num_tokens=p + L) == dense + 2 * L * 6 * k
+    assert m.num_params() == sum(t.numel() for t in m.parameters())
+
+
+def test_tuple_kernel_validation():
+    with pytest.raises(ValueError, match="kernel_size must be odd"):
+        IFFN(8, kernel_size=(1, 4))
+    with pytest.raises(ValueError, match="kernel_size must be an int or a pair"):
+        IFFN(8, kernel_size=(1, 3, 3))
+    with pytest.raises(ValueError, match="kernel_size must be an int >= 1"):
+        IFFN(8, kernel_size=(0, 3))
+    assert IFFN(8, kernel_size=3).kernel_hw == (3, 3)

@@ -1,4 +1,5 @@
-"""Quick reproduction of the IFFN claims (one quick run shared by every check of this module)."""
+"""Quick reproduction of the IFFN experiment (one quick run shared by every check of this module), the 1-D ViT,
+the arms and the validation-only model selection."""
 
 from __future__ import annotations
 
@@ -7,8 +8,23 @@ import json
 
 import pytest
 import torch
+from torch import nn
 
-from icml24.iffn.experiment import Config, build_vit, run, toy_data, toy_model, train_toy
+from icml24.common.data import Split
+from icml24.iffn import IFFN, AGeLU
+from icml24.iffn.experiment import (
+    ARMS,
+    Config,
+    ViT1D,
+    build_vit,
+    ffn_costs,
+    parse_arm,
+    run,
+    toy_data,
+    toy_model,
+    train_toy,
+    train_vit,
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,64 +40,193 @@ def test_quick_run_writes_results(quick_result):
     assert (out / "report.md").exists()
     for png in ("vit_pareto.png", "vit_curves.png", "toy_mse.png"):
         assert (out / png).stat().st_size > 0
-    assert {c["name"][:4] for c in data["claim_checks"]} >= {"toy[", "ViT:"}
 
 
-def test_quick_flops_claim_and_learning(quick_result):
+def test_quick_checks_kinds_and_pairing(quick_result):
     result, _ = quick_result
-    s = result.summary
-    # FLOPs ratio is exact arithmetic: IFFN r=1 (n=2, 3x3 DWConv, concat) vs FFN r=4 on 16+1 tokens
-    ratio = s["iffn_r1"]["ffn_mflops"]["mean"] / s["ffn_r4"]["ffn_mflops"]["mean"]
-    assert 0.45 < ratio <= 0.55
-    flops_check = next(c for c in result.claim_checks if "FLOPs" in c.name)
-    assert flops_check.passed and flops_check.measured == pytest.approx(ratio)
-    assert flops_check.kind == "mechanism"  # holds by construction
-    # every ViT arm learns digits well above chance (10%) even in the short quick run (1 block, 8 epochs)
-    for arm in ("ffn_r4", "ffn_r1", "iffn_r1"):
-        assert s[arm]["acc"]["mean"] > 30.0, arm
-
-
-def test_quick_checks_are_labelled_and_vit_claims_are_paired(quick_result):
-    result, _ = quick_result
-    kinds = {c.name: c.kind for c in result.claim_checks}
-    assert all(k == "mechanism" for n, k in kinds.items() if n.startswith("toy[") or "FLOPs" in n)
-    claims = result.checks("claim")
     cfg = Config.quick()
-    assert [c.name[:4] for c in claims] == ["ViT:", "ViT:"] and len(kinds) == 2 * len(cfg.toy_targets) + 1 + 2
-    for c, base, thr in zip(claims, (cfg.claim_full, cfg.claim_reduced), (-cfg.acc_margin, 0.0), strict=True):
-        assert c.method_arm == cfg.claim_method and c.baseline_arm == base and c.threshold == thr
-        d = [r["metrics"][c.method_arm]["acc"] - r["metrics"][base]["acc"] for r in result.per_seed]
+    kinds = [c.kind for c in result.claim_checks]
+    assert kinds.count("claim") == 3 and kinds.count("sanity") == 2
+    assert kinds.count("mechanism") == 2 + 2 * len(cfg.toy_targets)
+    expected = [(cfg.claim_method, cfg.claim_matched, 0.0), (cfg.claim_method, cfg.claim_full, -cfg.acc_margin),
+                (cfg.claim_agelu, cfg.claim_gelu, 0.0)]
+    for c, (m, b, thr) in zip(result.checks("claim"), expected, strict=True):
+        assert (c.method_arm, c.baseline_arm, c.threshold, c.direction) == (m, b, thr, ">=")
+        d = [r["metrics"][m]["acc"] - r["metrics"][b]["acc"] for r in result.per_seed]
         assert c.measured == pytest.approx(sum(d) / len(d)) and c.n == len(d)
         assert c.ci_low <= c.measured <= c.ci_high and c.passed == (c.ci_low >= thr)
+    regime, control = result.checks("sanity")
+    assert (regime.method_arm, regime.baseline_arm, regime.threshold) == (cfg.claim_full, cfg.claim_reduced,
+                                                                          cfg.regime_gap)
+    # the negative control is the non-inferiority test applied to FFN r1: it must put FFN r1 below -margin
+    assert (control.method_arm, control.baseline_arm, control.direction) == (cfg.claim_reduced, cfg.claim_full, "<=")
+    assert control.passed == (control.ci_high <= -cfg.acc_margin)
+
+
+def test_quick_flop_mechanisms_hold_by_construction(quick_result):
+    result, _ = quick_result
+    s = result.summary
+    f = {a: s[a]["ffn_kflops"]["mean"] for a in ("ffn_r4", "ffn_r2", "ffn_r1", "iffn_r1")}
+    assert f["ffn_r4"] == pytest.approx(4 * f["ffn_r1"]) and f["ffn_r2"] == pytest.approx(2 * f["ffn_r1"])
+    assert 1.0 < f["iffn_r1"] / f["ffn_r2"] <= 1.05  # fc1 + fc2(3C') = FFN r2, plus the small (1, k) conv
+    mechs = [c for c in result.checks("mechanism") if "FLOPs" in c.name]
+    assert len(mechs) == 2 and all(c.passed for c in mechs)
+
+
+def test_quick_model_selection_and_lr_record(quick_result):
+    result, out = quick_result
+    cfg = Config.quick()
+    extra = json.loads((out / "results.json").read_text())["extra"]
+    for arm in cfg.vit_arms:
+        assert extra["tuned_lr"][arm] in cfg.lr_grid
+        sweep = extra["lr_sweep_val_acc"][arm]
+        assert extra["tuned_lr"][arm] == max(cfg.lr_grid, key=lambda lr: sweep[str(lr)])
+        row0 = result.per_seed[0]["metrics"][arm]
+        assert row0["val_acc"] == sweep[str(extra["tuned_lr"][arm])]  # the tuning run is seed 0's final run
+        for row in result.per_seed:
+            assert 1 <= row["metrics"][arm]["best_epoch"] <= cfg.epochs
+            assert row["metrics"][arm]["acc"] > 15.0  # above chance (10%) even in the 3-epoch quick run
 
 
 def test_quick_toy_direction(quick_result):
     """Robust direction on the ridge toy (mean over 2 seeds, loose margin): IFFN(h/2) < FFN(h/2) MSE."""
-    result, _ = quick_result
-    s = result.summary
-    iffn = s["toy_ridge_h8_iffn_half"]["mse"]["mean"]
-    half = s["toy_ridge_h8_ffn_half"]["mse"]["mean"]
-    assert iffn < 0.95 * half
+    s = quick_result[0].summary
+    assert s["toy_ridge_h8_iffn_half"]["mse"]["mean"] < 0.95 * s["toy_ridge_h8_ffn_half"]["mse"]["mean"]
 
 
-def test_same_seed_same_numbers():
+def test_quick_run_records_the_spread_of_learned_shifts(quick_result):
+    result, out = quick_result
     cfg = Config.quick()
-    a = toy_data("ridge", cfg, 3)
-    b = toy_data("ridge", cfg, 3)
-    for x, y in zip(a, b, strict=True):
-        assert torch.equal(x, y)
-    assert not torch.equal(toy_data("ridge", cfg, 4)[0], a[0])
+    spread = json.loads((out / "results.json").read_text())["extra"]["agelu_shift_spread"]
+    assert set(spread) == {"iffn_r1", "iffn_n1_r1"}  # the arms with learnable AGeLUs in the quick config
+    for arm, n in (("iffn_r1", cfg.n_instances), ("iffn_n1_r1", 1)):
+        assert set(spread[arm]) == {str(s) for s in cfg.seeds}
+        for stats in spread[arm].values():
+            assert stats["n_layers"] == cfg.depth and stats["n_values"] == cfg.depth * n * cfg.embed_dim
+            assert stats["min"] <= stats["mean"] <= stats["max"] and stats["std"] > 0
+            assert stats["moved_max_abs"] > 0  # training moved the shifts away from their init
+            assert len(stats["per_instance_mean"]) == n
+
+
+# ------------------------------------------------------------------------------- selection on validation
+def _tiny_split(seed: int = 0) -> Split:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(96, 40, generator=g)
+    y = (x[:, :20].sum(1) > 0).long() + 2 * (x[:, 20:].sum(1) > 0).long()
+    return Split(x[:64], y[:64], x[80:], y[80:], 10, x[64:80], y[64:80])
+
+
+def test_train_vit_selects_the_epoch_on_validation_only():
+    cfg = dataclasses.replace(Config.quick(), epochs=4)
+    split = _tiny_split()
     torch.manual_seed(0)
-    m1 = build_vit("iffn_r1", cfg, "cpu")
+    a = train_vit(build_vit("iffn_r1", cfg, "cpu"), split, lr=3e-3, cfg=cfg, seed=0)
+    best = max(range(cfg.epochs), key=lambda e: (a["val_curve"][e], -e))
+    assert a["best_epoch"] == best + 1 and a["acc"] == a["test_curve"][best] and a["val_acc"] == a["val_curve"][best]
+    assert a["last_acc"] == a["test_curve"][-1]
+    # other test labels change the reported test numbers but never the selected epoch
+    flipped = Split(split.x_train, split.y_train, split.x_test, (split.y_test + 1) % 10, 10, split.x_val, split.y_val)
     torch.manual_seed(0)
-    m2 = build_vit("iffn_r1", cfg, "cpu")
-    x = torch.randn(2, 1, 8, 8)
-    torch.testing.assert_close(m1(x), m2(x), rtol=0, atol=0)
-    short = dataclasses.replace(cfg, toy_steps=20)
+    b = train_vit(build_vit("iffn_r1", cfg, "cpu"), flipped, lr=3e-3, cfg=cfg, seed=0)
+    assert b["val_curve"] == a["val_curve"] and b["best_epoch"] == a["best_epoch"]
+    assert b["test_curve"] != a["test_curve"]
+    # same seed, same numbers; another seed, other numbers
+    torch.manual_seed(0)
+    c = train_vit(build_vit("iffn_r1", cfg, "cpu"), split, lr=3e-3, cfg=cfg, seed=0)
+    assert c["val_curve"] == a["val_curve"] and c["test_curve"] == a["test_curve"]
+    with pytest.raises(ValueError, match="lr must be"):
+        train_vit(build_vit("ffn_r1", cfg, "cpu"), split, lr=0.0, cfg=cfg, seed=0)
+
+
+# ------------------------------------------------------------------------------------------- model and arms
+def test_vit1d_shapes_tokens_and_errors():
+    vit = ViT1D(patch_size=4, stride=2, embed_dim=16, depth=1, num_heads=2, pool="cls")
+    assert vit.num_patches == 19 and vit.num_prefix_tokens == 1
+    x = torch.randn(3, 40)
+    assert vit.tokens(x).shape == (3, 20, 16) and vit(x).shape == (3, 10)
+    # token t (t >= 1) is the embedding of samples [2(t-1), 2(t-1) + 4) plus its position
+    with torch.no_grad():
+        ref = vit.patch_embed(x[:, 6:10]) + vit.pos_embed[0, 4]
+    torch.testing.assert_close(vit.tokens(x)[:, 4], ref)
+    mean = ViT1D(patch_size=4, stride=4, embed_dim=16, depth=1, num_heads=2)
+    assert mean.num_prefix_tokens == 0 and mean.cls_token is None and mean.tokens(x).shape == (3, 10, 16)
+    with torch.no_grad():  # the head reads the mean of the normalised tokens
+        ref = mean.head(mean.norm(mean.blocks(mean.tokens(x))).mean(1))
+    torch.testing.assert_close(mean(x), ref)
+    with pytest.raises(ValueError, match=r"expects \(B, 40\)"):
+        vit(torch.randn(3, 1, 40))
+    with pytest.raises(ValueError, match="patch_size"):
+        ViT1D(patch_size=41)
+    with pytest.raises(ValueError, match="pool must be one of"):
+        ViT1D(pool="max")
+
+
+def test_cls_pooling_leaves_a_one_block_conv_branch_dead_and_mean_pooling_does_not():
+    """Why the experiment pools by mean: with a cls head, one block's FFN only matters on the cls token, which
+    skips the depthwise conv, so the conv gets no gradient."""
+    grads = {}
+    for pool in ("cls", "mean"):
+        cfg = dataclasses.replace(Config(), depth=1, pool=pool)
+        torch.manual_seed(0)
+        vit = build_vit("iffn_r1", cfg, "cpu")
+        vit(torch.randn(4, 40)).square().sum().backward()
+        grads[pool] = vit.blocks[0].mlp.dwconv.weight.grad.abs().sum().item()
+    assert grads["cls"] == 0.0 and grads["mean"] > 0
+
+
+_EXPECTED = {  # kind -> (channel instances n, spatial, topology, learnable channel AGeLU, spatial act type)
+    "iffn": (2, True, "parallel", True, AGeLU), "iffn_nospatial": (2, False, "parallel", True, None),
+    "iffn_n1": (1, True, "parallel", True, AGeLU), "dwconv_gelu": (1, True, "parallel", False, nn.GELU),
+    "shifted_gelu": (2, True, "parallel", False, nn.GELU), "iffn_serial": (2, True, "serial", True, None)}
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_every_arm_builds_as_described_and_its_costs_match_the_counter(arm):
+    cfg = Config()
+    torch.manual_seed(0)
+    vit = build_vit(arm, cfg, "cpu")
+    mlp = vit.blocks[0].mlp
+    kind, ratio = parse_arm(arm)
+    c, n_tok = cfg.embed_dim, cfg.num_patches + vit.num_prefix_tokens
+    if kind == "ffn":
+        assert not isinstance(mlp, IFFN) and mlp.fc1.out_features == int(ratio * c)
+        assert ffn_costs(vit)["ffn_kflops"] * 1e3 == cfg.depth * n_tok * 2 * (2 * c * int(ratio * c))
+        return
+    n, spatial, topology, learnable, sact = _EXPECTED[kind]
+    assert (mlp.n_instances, mlp.spatial, mlp.topology, mlp.hidden) == (n, spatial, topology, c)
+    assert isinstance(mlp.act.a, nn.Parameter) == learnable
+    assert type(getattr(mlp, "spatial_act", None)) is (sact or type(None))
+    if spatial:
+        assert mlp.dwconv.kernel_size == (1, cfg.kernel_size) and mlp.grid_size == (1, cfg.num_patches)
+    init_c = mlp.act.per_instance("c")[:, 0].tolist()
+    assert init_c == ([-cfg.agelu_shift, cfg.agelu_shift] if n == 2 else [0.0])
+    assert ffn_costs(vit)["ffn_kflops"] * 1e3 == cfg.depth * mlp.flops(batch_size=1, num_tokens=n_tok)
+    assert sum(p.numel() for p in mlp.parameters()) == mlp.num_params()
+    vit(torch.randn(2, 40)).sum().backward()
+    if spatial:
+        assert vit.blocks[0].mlp.dwconv.weight.grad.abs().sum() > 0
+
+
+def test_agelu_and_gelu_claim_arms_differ_only_in_learnable_activation_parameters():
+    cfg = Config()
+    torch.manual_seed(0)
+    agelu = build_vit(cfg.claim_agelu, cfg, "cpu")
+    torch.manual_seed(0)
+    gelu = build_vit(cfg.claim_gelu, cfg, "cpu")
+    extra = {n for n, _ in agelu.named_parameters()} - {n for n, _ in gelu.named_parameters()}
+    assert extra and all(n.split(".")[-2] in ("act", "spatial_act") for n in extra)
+    x = torch.randn(4, 40)
+    torch.testing.assert_close(agelu(x), gelu(x))  # AGeLU at its GeLU init computes the GeLU arm exactly
+
+
+def test_same_seed_same_numbers_toy():
+    cfg = dataclasses.replace(Config.quick(), toy_steps=20)
+    a, b = toy_data("ridge", cfg, 3), toy_data("ridge", cfg, 3)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     mse = []
     for seed in (3, 3, 4):
         torch.manual_seed(seed)
-        mse.append(train_toy(toy_model("iffn_half", 8, short, "cpu"), toy_data("ridge", short, seed), short, seed))
+        mse.append(train_toy(toy_model("iffn_half", 8, cfg, "cpu"), toy_data("ridge", cfg, seed), cfg, seed))
     assert mse[0] == mse[1] and mse[0] != mse[2]
 
 
@@ -89,11 +234,16 @@ def test_same_seed_same_numbers():
     ({"vit_arms": ("ffn_r4", "bogus_r1")}, "arm"),
     ({"vit_arms": ("ffn_r4", "ffn_r0")}, "ratio > 0"),
     ({"claim_method": "iffn_r2"}, "claim_method"),
+    ({"claim_gelu": "shifted_gelu_r1"}, "claim_gelu"),
     ({"toy_hidden": (7,)}, "toy_hidden"),
     ({"toy_targets": ("bogus",)}, "toy_targets"),
     ({"kernel_size": 4}, "kernel_size must be odd"),
-    ({"lr": 0.0}, "lr must be a finite number > 0"),
+    ({"lr_grid": (3e-3, 1e-3)}, "strictly increasing"),
+    ({"lr_grid": (0.0,)}, "lr_grid"),
     ({"n_instances": 0}, "n_instances must be an int >= 1"),
+    ({"num_heads": 3}, "divisible by num_heads"),
+    ({"patch_size": 41}, "patch_size"),
+    ({"pool": "max"}, "pool"),
 ])
 def test_config_validation(change, match):
     with pytest.raises(ValueError, match=match):
@@ -101,28 +251,6 @@ def test_config_validation(change, match):
 
 
 def test_cli_override_types():
-    cfg = Config().with_overrides({"vit_arms": "ffn_r4,iffn_r1,ffn_r1", "toy_hidden": "8,16", "epochs": "3"})
-    assert cfg.vit_arms == ("ffn_r4", "iffn_r1", "ffn_r1") and cfg.toy_hidden == (8, 16) and cfg.epochs == 3
-
-
-def test_quick_run_records_the_spread_of_learned_shifts(quick_result):
-    result, out = quick_result
-    cfg = Config.quick()
-    spread = json.loads((out / "results.json").read_text())["extra"]["agelu_shift_spread"]
-    assert set(spread) == {"iffn_r1"}  # the only arm with learnable AGeLUs in the quick config
-    assert set(spread["iffn_r1"]) == {str(s) for s in cfg.seeds}
-    for stats in spread["iffn_r1"].values():
-        assert stats["n_layers"] == cfg.depth and stats["n_values"] == cfg.depth * cfg.n_instances * cfg.embed_dim
-        assert stats["min"] < stats["mean"] < stats["max"] and stats["std"] > 0
-        assert stats["moved_max_abs"] > 0  # training moved the shifts away from their init
-        assert len(stats["per_instance_mean"]) == cfg.n_instances
-
-
-def test_serial_arm_builds_and_trains_a_step():
-    cfg = Config.quick()
-    torch.manual_seed(0)
-    vit = build_vit("iffn_serial_r1", cfg, "cpu")
-    mlp = vit.blocks[0].mlp
-    assert mlp.topology == "serial" and mlp.fc2_in == cfg.n_instances * cfg.embed_dim
-    vit.forward_features(torch.randn(2, 1, 8, 8)).sum().backward()  # the cls logit alone skips the last conv
-    assert mlp.dwconv.weight.grad.abs().sum() > 0
+    cfg = Config().with_overrides({"vit_arms": "ffn_r4,iffn_r1,ffn_r1,ffn_r2,iffn_n1_r1,dwconv_gelu_r1",
+                                   "lr_grid": "0.001,0.01", "epochs": "3"})
+    assert cfg.vit_arms[:3] == ("ffn_r4", "iffn_r1", "ffn_r1") and cfg.lr_grid == (0.001, 0.01) and cfg.epochs == 3

@@ -175,7 +175,8 @@ class IFFN(nn.Module):
         hidden_ratio: r, hidden width ``C' = round(r·C)``; overrides ``hidden_features`` (``None``: use it).
         n_instances: n, AGeLU instances on the channel path.
         spatial: whether to add the depthwise-conv spatial branch.
-        kernel_size: k, odd side of the depthwise kernel (padding k//2 keeps the grid).
+        kernel_size: k, odd side of the depthwise kernel (padding k//2 keeps the grid), or an odd pair
+            ``(k_h, k_w)``: ``(1, k)`` with ``grid_size=(1, L)`` is a 1-D depthwise conv along a token sequence.
         spatial_merge: ``"concat"`` (fc2 input (n+1)·C') or ``"add"`` (fc2 input n·C'). RECONSTRUCTED.
         spatial_norm: ``"none"`` or ``"bn"`` (BatchNorm2d after the depthwise conv). RECONSTRUCTED.
         spatial_act: ``"agelu"`` (learnable, GeLU init) or ``"gelu"`` (plain GeLU) after the conv.
@@ -200,7 +201,7 @@ class IFFN(nn.Module):
                  norm_layer: Callable[[int], nn.Module] | None = None,
                  bias: bool | tuple[bool, bool] = True, drop: float = 0.0, *,
                  hidden_ratio: float | None = 1.0, n_instances: int = 2, spatial: bool = True,
-                 kernel_size: int = 3, spatial_merge: Literal["concat", "add"] = "concat",
+                 kernel_size: int | tuple[int, int] = 3, spatial_merge: Literal["concat", "add"] = "concat",
                  spatial_norm: Literal["none", "bn"] = "none", spatial_act: Literal["agelu", "gelu"] = "agelu",
                  agelu_init: AGeLUInit = "shift", agelu_shift: float = 0.5, agelu_learnable: bool = True,
                  param_shape: Literal["channel", "scalar"] = "channel", num_prefix_tokens: int = 1,
@@ -215,9 +216,17 @@ class IFFN(nn.Module):
         if hidden_ratio is not None:
             v.positive("iffn", "hidden_ratio", hidden_ratio)
         v.integer("iffn", "n_instances", n_instances, minimum=1)
-        v.integer("iffn", "kernel_size", kernel_size, minimum=1)
-        if kernel_size % 2 == 0:
-            raise ValueError(f"iffn: kernel_size must be odd (even kernels shift the token grid), got {kernel_size}")
+        if isinstance(kernel_size, (tuple, list)):
+            if len(kernel_size) != 2:
+                raise ValueError(f"iffn: kernel_size must be an int or a pair (k_h, k_w), got {kernel_size!r}")
+            kernel_hw = tuple(kernel_size)
+        else:
+            kernel_hw = (kernel_size, kernel_size)
+        for k in kernel_hw:
+            v.integer("iffn", "kernel_size", k, minimum=1)
+            if k % 2 == 0:
+                raise ValueError(f"iffn: kernel_size must be odd (even kernels shift the token grid), got "
+                                 f"{kernel_size}")
         v.integer("iffn", "num_prefix_tokens", num_prefix_tokens, minimum=0)
         v.one_of("iffn", "spatial_merge", spatial_merge, ("concat", "add"))
         v.one_of("iffn", "spatial_norm", spatial_norm, ("none", "bn"))
@@ -239,7 +248,8 @@ class IFFN(nn.Module):
         self.out_features = out_features or in_features
         self.n_instances = n_instances
         self.spatial = spatial
-        self.kernel_size = kernel_size
+        self.kernel_size = kernel_size if isinstance(kernel_size, int) else kernel_hw
+        self.kernel_hw: tuple[int, int] = kernel_hw
         self.spatial_merge = spatial_merge
         self.num_prefix_tokens = num_prefix_tokens
         self.grid_size = grid_size
@@ -251,7 +261,8 @@ class IFFN(nn.Module):
         self.act = AGeLU(hidden, n_instances=n_instances, param_shape=param_shape, init=agelu_init,
                          shift=agelu_shift, learnable=agelu_learnable, **kw)
         if spatial:
-            self.dwconv = nn.Conv2d(hidden, hidden, kernel_size, padding=kernel_size // 2, groups=hidden,
+            self.dwconv = nn.Conv2d(hidden, hidden, kernel_hw, padding=(kernel_hw[0] // 2, kernel_hw[1] // 2),
+                                    groups=hidden,
                                     bias=biases[0], **kw)
             self.spatial_norm = nn.BatchNorm2d(hidden, **kw) if spatial_norm == "bn" else nn.Identity()
             if topology == "parallel":
@@ -331,14 +342,14 @@ class IFFN(nn.Module):
         p = self.num_prefix_tokens if num_prefix_tokens is None else num_prefix_tokens
         v.integer("iffn", "num_prefix_tokens", p, minimum=0)
         dense = 2 * num_tokens * (self.in_features * self.hidden + self.fc2_in * self.out_features)
-        conv = 2 * (num_tokens - p) * self.hidden * self.kernel_size ** 2 if self.spatial else 0
+        conv = 2 * (num_tokens - p) * self.hidden * self.kernel_hw[0] * self.kernel_hw[1] if self.spatial else 0
         return batch_size * (dense + conv)
 
     def flops_per_token(self, num_tokens: int | None = None) -> float:
         """FLOPs per token (counter convention, 2 per MAC). ``num_tokens=None``: a patch token (spatial branch
         included); ``num_tokens=N``: the mean over a sequence of N tokens whose P prefix tokens skip the conv."""
         if num_tokens is None:
-            conv = 2 * self.hidden * self.kernel_size ** 2 if self.spatial else 0
+            conv = 2 * self.hidden * self.kernel_hw[0] * self.kernel_hw[1] if self.spatial else 0
             return float(2 * (self.in_features * self.hidden + self.fc2_in * self.out_features) + conv)
         return self.flops(batch_size=1, num_tokens=num_tokens) / num_tokens
 
@@ -348,7 +359,7 @@ class IFFN(nn.Module):
         total = c * cp + (cp if self.bias[0] else 0)
         total += sum(t.numel() for t in self.act.parameters())
         if self.spatial:
-            total += cp * self.kernel_size ** 2 + (cp if self.bias[0] else 0)
+            total += cp * self.kernel_hw[0] * self.kernel_hw[1] + (cp if self.bias[0] else 0)
             total += sum(t.numel() for t in self.spatial_norm.parameters())
             if self.topology == "parallel":
                 total += sum(t.numel() for t in self.spatial_act.parameters())
