@@ -141,6 +141,11 @@ def rho_for_cost(pieces: dict[int, dict[str, float]], *, n: int, cost: float) ->
         mp, mn = _mise_curves(pieces, n, math.exp(log_rho))
         return float(mp.min() / mn.min())
 
+    ceiling = c(lo)  # as rho -> 0 the best estimator is the noise-free cutoff 0: the cost cannot exceed this
+    if not 1.0 < cost < ceiling:
+        raise ValueError(f"rho_for_cost: a privacy cost of {cost:g} is not reachable at n={n}: it must lie in "
+                         f"(1, {ceiling:.4g}) (the cutoff-0 estimator, which adds no noise, bounds it)")
+
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if c(mid) > cost else (lo, mid)
