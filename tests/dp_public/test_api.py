@@ -683,6 +683,46 @@ def test_lin_betas_must_mix_public_and_private():
     assert all(0.0 < b < 1.0 for b in Config().lin_betas + Config.quick().lin_betas)
 
 
+def test_e3_beta_grid_holds_the_dp_gd_equivalent_and_values_above_0_9():
+    from icml24.dp_public.experiment import linear_betas
+
+    cfg = Config()
+    for r in cfg.lin_ratios:
+        betas = linear_betas(cfg, r)
+        n = round(cfg.lin_n_pub / r)
+        assert betas[0] == pytest.approx((n - cfg.lin_n_pub) / n)
+        assert any(0.9 < b < 1.0 for b in betas[1:])
+
+
+def test_tuning_grids_give_every_arm_the_same_budget():
+    from icml24.dp_public.experiment import tuning_grids
+
+    grid, one = tuning_grids((0.5, 0.9, 0.99), (0.1, 1.0))
+    assert len(grid) == len(one) == 6 and set(grid) == {(b, lr) for b in (0.5, 0.9, 0.99) for lr in (0.1, 1.0)}
+    assert one[0] == pytest.approx(0.1) and one[-1] == pytest.approx(1.0)
+    assert np.allclose(np.diff(np.log(one)), np.log(10) / 5)
+
+
+def test_semi_dp_at_beta_eq_is_dp_gd_on_all_data_for_a_full_batch_step():
+    """With full batches, β = n_priv / n mixes (Σ_priv clip + noise) / n_priv and the public mean exactly into
+    (Σ_all clip + noise) / n: one semi-DP step equals one DP-GD step on all data with the same noise."""
+    torch.manual_seed(0)
+    x, y = torch.randn(50, 5), torch.randint(0, 3, (50,))
+    n_pub, n = 10, 50
+    outs = []
+    for beta, priv, pub in (((n - n_pub) / n, (x[n_pub:], y[n_pub:]), (x[:n_pub], y[:n_pub])),
+                            (1.0, (x, y), None)):
+        m = _model()
+        opt = SemiDPSGD(m.parameters(), lr=0.5, beta=beta, noise_multiplier=1.3, max_grad_norm=0.5,
+                        expected_batch_size=len(priv[0]), sample_rate=1.0, generator=_gen(3))
+        gpub = per_sample_grads(m, _ce, *pub) if pub else None
+        opt.step(private_grad_samples=per_sample_grads(m, _ce, *priv), public_grad_samples=gpub)
+        outs.append([p.detach().clone() for p in m.parameters()])
+    # same noise draw, scaled by β / n_priv = 1 / n in the first run and 1 / n in the second
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
 def test_gdp_accountant_is_refused_everywhere():
     """GDP accounting can under-estimate ε (Opacus warns so); the (ε, δ) promise needs rdp or prv."""
     with pytest.raises(ValueError, match="gdp.*under-estimate"):

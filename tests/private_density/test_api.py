@@ -522,3 +522,28 @@ def test_fit_from_coefficients_never_raises_on_values():
     np.testing.assert_array_equal(c.coefficients_, mk().fit(x).coefficients_)  # identity on real coefficients
     with pytest.raises(ValueError, match="entries"):
         mk().fit_from_coefficients(th[:-1], n=200, dim=1)
+
+
+def test_rho_for_cost_sets_the_closed_form_privacy_cost():
+    from icml24.private_density.experiment import rho_for_cost
+
+    dens = TrigDensity.sobolev(beta=1.5, dim=1, degree=16, seed=3, scaling="grid")
+    pieces = {N: expected_mise(dens, cutoff=N, n=1, privacy=ZCDP(1.0)) for N in range(9)}
+    with pytest.raises(ValueError, match="not reachable"):  # cost <= 1, or above the noise-free cutoff 0's
+        rho_for_cost(pieces, n=1_000, cost=1.0)
+    with pytest.raises(ValueError, match="not reachable"):
+        rho_for_cost(pieces, n=1_000, cost=1e6)
+    prev = math.inf
+    for n in (1_000, 10_000, 100_000):
+        rho = rho_for_cost(pieces, n=n, cost=10.0)
+        priv = min(expected_mise(dens, cutoff=N, n=n, privacy=ZCDP(rho))["mise"] for N in range(9))
+        nonpriv = min(expected_mise(dens, cutoff=N, n=n, privacy=None)["mise"] for N in range(9))
+        assert priv / nonpriv == pytest.approx(10.0, rel=1e-6)
+        assert rho < prev  # a constant cost needs a shrinking budget as n grows
+        prev = rho
+
+
+@pytest.mark.parametrize("kw", [{"cost_target": 1.0}, {"cost_band": 0.5}, {"closed_form_tol": 0.0}])
+def test_config_rejects_bad_regime_parameters(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        Config(**kw)

@@ -21,16 +21,18 @@ def test_outputs_written(quick):
     data = json.loads((out / "results.json").read_text())
     assert data["mode"] == "quick" and data["slug"] == "private_density"
     assert (out / "report.md").exists() and (out / "mise_vs_n.png").exists() and (out / "cutoff_vs_n.png").exists()
-    assert len(res.claim_checks) == 2 + 3  # one slope check per (d, beta), three adaptivity checks
+    # closed form, one slope check per (d, beta), the constant-cost regime, three adaptivity checks
+    assert len(res.claim_checks) == 1 + 2 + 1 + 3
     assert all(np.isfinite(c.measured) for c in res.claim_checks)
 
 
 def test_checks_are_labelled_and_the_lepskii_claim_has_a_ci(quick):
-    """The rate slopes are mechanisms, the privacy-naive cutoffs are negative controls (sanity), and only the
-    adaptivity of private Lepskii votes, as a per-seed log-ratio to the oracle with its CI."""
+    """The closed form and the rate slopes are mechanisms, the constant-cost regime and the privacy-naive cutoffs
+    are sanity checks, and only the adaptivity of private Lepskii votes, as a per-seed log-ratio to the oracle."""
     res, _ = quick
     kinds = [(c.name.split(" ")[0], c.kind) for c in res.claim_checks]
-    assert kinds == [("C2", "mechanism")] * 2 + [("C3", "claim"), ("C3", "sanity"), ("C3", "sanity")]
+    assert kinds == [("C1", "mechanism")] + [("C2", "mechanism")] * 2 + [("C2", "sanity")] + [
+        ("C3", "claim"), ("C3", "sanity"), ("C3", "sanity")]
     (claim,) = res.checks("claim")
     per_seed = [np.log(r["metrics"]["lepskii_private"]["worst_ratio_to_oracle"]) for r in res.per_seed]
     assert all(r["metrics"]["oracle"]["worst_ratio_to_oracle"] == 1.0 for r in res.per_seed)
@@ -64,5 +66,22 @@ def test_slope_direction(quick):
     cfg = Config.quick()
     for d in cfg.dims:
         for beta in cfg.betas:
-            s = res.summary["oracle"][f"slope_d{d}_b{beta:g}"]["mean"]
-            assert abs(s - theory_slope(beta, d)) < 0.25
+            s = res.summary["oracle_scaled"][f"slope_d{d}_b{beta:g}"]["mean"]
+            assert abs(s - theory_slope(beta, d)) < 0.3
+
+
+def test_scaled_rho_holds_the_privacy_cost_and_c1_is_recorded(quick):
+    """rho_n puts the closed-form privacy cost at cost_target in every cell; the measured cost stays near it
+    (the regime check), and C1 compares the empirical MISE of both oracle arms with the closed form."""
+    res, _ = quick
+    cfg = Config.quick()
+    for c in res.extra["cells"]:
+        sc = c["scaled"]
+        assert sc["closed_form_mise"] / c["closed_form_nonprivate_mise"] == pytest.approx(cfg.cost_target, rel=1e-6)
+        assert cfg.cost_target / 3 < sc["measured_cost"] < 3 * cfg.cost_target
+    rhos = [[c["scaled"]["rho"] for c in res.extra["cells"] if c["seed"] == 0 and c["d"] == d] for d in cfg.dims]
+    assert all(r[0] > r[-1] for r in rhos)  # the budget shrinks as n grows at constant cost
+    (c1,) = [c for c in res.claim_checks if c.name.startswith("C1")]
+    ratios = res.extra["closed_form_ratio_mean_over_seeds"]
+    assert len(ratios) == 2 * len(cfg.dims) * len(cfg.betas) * len(cfg.n_grid)
+    assert c1.measured == pytest.approx(max(abs(v - 1) for v in ratios.values())) and c1.measured < 0.35

@@ -147,7 +147,7 @@ def sanitize_private_rows(x: torch.Tensor) -> torch.Tensor:
         x: (..., d) floating tensor.
     """
     val.tensor("sanitize_private_rows", "x", x, floating=True)
-    x = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    x = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)  # one fused pass: non-finite entries -> 0
     norm = x.norm(dim=-1, keepdim=True)
     scaled = x / norm.clamp(min=1.0)
     return torch.where(torch.isfinite(norm), scaled, torch.zeros((), dtype=x.dtype, device=x.device))
