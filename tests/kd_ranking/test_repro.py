@@ -42,7 +42,7 @@ def test_quick_run_writes_results(quick):
 def test_checks_are_labelled(quick):
     result, _ = quick
     kinds = [c.kind for c in result.claim_checks]
-    assert kinds == ["claim", "sanity", "sanity", "mechanism", "mechanism", "mechanism", "sanity"]
+    assert kinds == ["claim", "sanity", "sanity", "sanity", "sanity", "mechanism", "mechanism", "mechanism", "sanity"]
     assert result.verdict["claims_total"] == 1
 
 
@@ -70,6 +70,25 @@ def test_both_arms_get_the_same_tuning_budget(quick):
     assert len(cfg.kl_taus) == len(cfg.rank_tau_s)
     with pytest.raises(ValueError, match="same tuning budget"):
         Config.quick().replace(rank_tau_s=(1.0,))
+
+
+def test_grid_interior_sanity_checks_count_the_tuned_temperatures(quick):
+    result, _ = quick
+    cfg = Config.quick()
+    checks = [c for c in result.claim_checks if c.metric == "interior_fraction"]
+    assert [c.method_arm for c in checks] == ["kl:*", "rank:*"]
+    n_cells = len(cfg.seeds) * len(cfg.teacher_channels)
+    for c, grid in zip(checks, (cfg.kl_taus, cfg.rank_tau_s)):
+        arm = c.method_arm.split(":")[0]
+        picked = [v["tau"] for k, v in result.extra["tuned"].items() if k.endswith(f":{arm}")]
+        assert len(picked) == n_cells
+        inside = sum(grid[0] < t < grid[-1] for t in picked)
+        assert c.measured == pytest.approx(inside / n_cells) == result.extra["tau_interior_fraction"][arm]
+        assert result.extra["tau_at_grid_edge"][arm] == n_cells - inside
+        assert sum(result.extra["tuned_tau_counts"][arm].values()) == n_cells
+        assert c.kind == "sanity" and c.threshold == 0.5 and c.passed == (c.measured >= 0.5)
+    if not all(c.passed for c in checks):  # a failed sanity check makes the run inconclusive
+        assert result.verdict["label"] == "inconclusive"
 
 
 def test_rank_students_invariant_and_kl_students_not(quick):
@@ -127,6 +146,9 @@ def test_student_same_seed_same_numbers():
     ({"kl_taus": (0.0, 1.0)}, "kl_taus"),
     ({"kl_taus": (float("nan"), 1.0)}, "kl_taus"),
     ({"rank_tau_s": (-1.0, 1.0)}, "rank_tau_s"),
+    ({"kl_taus": (4.0, 1.0, 2.0)}, "kl_taus"),
+    ({"rank_tau_s": (0.5, 0.5, 1.0)}, "rank_tau_s"),
+    ({"interior_min_fraction": 1.5}, "interior_min_fraction"),
     ({"rank_kind": "bogus"}, "rank_kind"),
     ({"kd_weights": (0.0,)}, "kd_weights"),
     ({"kd_weights": (1.5,)}, "kd_weights"),

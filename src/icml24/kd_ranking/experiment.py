@@ -15,7 +15,9 @@ Checks (DESIGN § Verdicts):
 - claim: rank-KD − best-tuned KL-KD test accuracy >= ``claim_threshold`` (0), averaged over each zoo's
   over-confident teachers (validation confidence − accuracy > ``overconfidence``), paired t CI over zoos;
 - sanity: every zoo has an over-confident teacher (the regime); the claim's test rejects rank-KD on a
-  *shuffled* teacher ranking (the negative control: order is what rank-KD transfers);
+  *shuffled* teacher ranking (the negative control: order is what rank-KD transfers); per arm, the tuned
+  temperature lies strictly inside its grid in >= ``interior_min_fraction`` (0.5) of the (zoo, teacher) cells
+  (otherwise "best-tuned" is only best on a truncated grid);
 - mechanism: within the capacity family, the KL-KD gain over CE falls with teacher ECE (Spearman, one-sided
   permutation p within zoos); mechanism: that correlation is stronger than rank-KD's own (the control), by a
   paired label-swap permutation test;
@@ -68,10 +70,15 @@ class Config(ExperimentConfig):
     student_batch_size: int = field(default=256, metadata=_h("student batch size (sized to the CPU budget)"))
     student_lr: float = field(default=3e-3, metadata=_h("student Adam learning rate (every arm)"))
     batch_size: int = field(default=128, metadata=_h("teacher batch size (group's ATS code: 128)"))
-    kl_taus: tuple[float, ...] = field(default=(1.0, 2.0, 4.0, 8.0, 16.0), metadata=_h(
-        "KL-KD temperature grid τ (issue 9)"))
-    rank_tau_s: tuple[float, ...] = field(default=(0.25, 0.5, 1.0, 2.0, 4.0), metadata=_h(
-        "rank-KD student temperature grid τ_s (as many values as kl_taus: the same tuning budget)"))
+    kl_taus: tuple[float, ...] = field(default=(0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0), metadata=_h(
+        "KL-KD temperature grid τ, strictly increasing (issue 9's {1, ..., 16} extended four octaves down, where "
+        "the first run's tuned τ = 1 sat at the edge in every cell; 16 dropped: never tuned there)"))
+    rank_tau_s: tuple[float, ...] = field(default=(0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0), metadata=_h(
+        "rank-KD student temperature grid τ_s, strictly increasing, as many values as kl_taus (the same tuning "
+        "budget): the first run's {0.25, ..., 4} extended two octaves down and one up (both edges were tuned)"))
+    interior_min_fraction: float = field(default=0.5, metadata=_h(
+        "sanity: per arm, the fraction of (zoo, teacher) cells whose tuned temperature lies strictly inside its "
+        "grid must be >= this (else the grid is too narrow and 'best-tuned' is not; fixed before the run)"))
     kd_weights: tuple[float, ...] = field(default=(0.5, 0.9), metadata=_h(
         "λ grid of (1-λ) CE + λ L_kd, shared by both arms (ATS code: 0.5; Hinton: 0.9)"))
     rank_kind: Literal["pairwise", "listmle", "kendall_soft"] = field(default="pairwise", metadata=_h(
@@ -101,6 +108,11 @@ class Config(ExperimentConfig):
             val.positive(w, name, getattr(self, name))
         val.each(w, "kl_taus", self.kl_taus, val.positive)
         val.each(w, "rank_tau_s", self.rank_tau_s, val.positive)
+        for name in ("kl_taus", "rank_tau_s"):
+            g = getattr(self, name)
+            if any(b <= a for a, b in zip(g, g[1:])):
+                raise ValueError(f"{w}: {name} must be strictly increasing, got {g!r}")
+        val.probability(w, "interior_min_fraction", self.interior_min_fraction)
         val.each(w, "kd_weights", self.kd_weights, val.probability, open_low=True)
         if len(self.kl_taus) != len(self.rank_tau_s) or not self.kl_taus:
             raise ValueError(f"{w}: kl_taus and rank_tau_s must have the same non-zero length (the same tuning "
@@ -115,7 +127,7 @@ class Config(ExperimentConfig):
     @classmethod
     def quick(cls) -> Config:
         return cls(seeds=(0, 1), teacher_channels=(8, 32), teacher_epochs=15, student_hidden=(32,), student_epochs=4,
-                   kl_taus=(1.0, 4.0), rank_tau_s=(0.5, 1.0), kd_weights=(0.5,), n_permutations=999,
+                   kl_taus=(0.25, 1.0, 4.0), rank_tau_s=(0.25, 0.5, 1.0), kd_weights=(0.5,), n_permutations=999,
                    overconfidence=-1.0)  # every teacher counts: exercises the claim at toy scale
 
 
@@ -261,8 +273,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                 best[arm] = {"r": r, "tau": tau, "lam": lam}
                 metrics[f"{arm}:c{ch}"] = {"acc": r["test_acc"], "val_acc": r["val_acc"], "tau": tau, "lam": lam,
                                            "gain_over_ce": r["test_acc"] - ce["test_acc"]}
-                tuned[f"zoo{z}:c{ch}:{arm}"] = {"tau": tau, "lam": lam,
-                                                "tau_at_grid_edge": tau in (grids[arm][0][0], grids[arm][-1][0])}
+                taus = cfg.kl_taus if arm == "kl" else cfg.rank_tau_s
+                tuned[f"zoo{z}:c{ch}:{arm}"] = {"tau": tau, "lam": lam, "tau_index": taus.index(tau),
+                                                "tau_at_grid_edge": not min(taus) < tau < max(taus)}
             # negative control of the claim: rank-KD at its tuned (τ_s, λ) on a shuffled teacher ranking
             b = best["rank"]
             shuf = train_student(cfg, split, seed=z, teacher_train_logits=_shuffle_ranking(t_train, z),
@@ -314,6 +327,19 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                "confidence − accuracy: " + "; ".join(
                    f"zoo {z}: " + ", ".join(f"c{c} {teachers[z][c]['overconfidence']:+.3f}" for c in chans)
                    for z in cfg.seeds)))
+
+    n_cells = len(cfg.seeds) * len(chans)
+    interior: dict[str, float] = {}
+    for arm, taus, sym in (("kl", cfg.kl_taus, "τ"), ("rank", cfg.rank_tau_s, "τ_s")):
+        picked = [v["tau"] for k, v in tuned.items() if k.endswith(f":{arm}")]
+        interior[arm] = float(np.mean([min(taus) < t < max(taus) for t in picked]))
+        counts = ", ".join(f"{t:g}: {picked.count(t)}" for t in taus)
+        checks.append(ClaimCheck(
+            name=f"{'KL-KD' if arm == 'kl' else 'rank-KD'}'s tuned {sym} lies inside its grid",
+            metric="interior_fraction", measured=interior[arm], threshold=cfg.interior_min_fraction,
+            direction=">=", kind="sanity", method_arm=f"{arm}:*",
+            detail=f"fraction of the {n_cells} (zoo, teacher) cells whose validation-tuned {sym} is strictly inside "
+                   f"{{{', '.join(f'{t:g}' for t in taus)}}}; tuned {sym} per grid value: {counts}"))
 
     x = np.array([teachers[z][c]["val_ece"] for z in cfg.seeds for c in chans])
     g_kl = np.array([rec.values(f"kl:c{c}", "gain_over_ce")[i] for i, _ in enumerate(cfg.seeds) for c in chans])
@@ -383,7 +409,11 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     extra = {"teachers": table, "ce_acc": s["ce"]["acc"]["mean"], "tuned": tuned,
              "tau_at_grid_edge": {arm: int(sum(v["tau_at_grid_edge"] for k, v in tuned.items() if k.endswith(arm)))
                                   for arm in ("kl", "rank")},
-             "n_cells": len(cfg.seeds) * len(chans),
+             "tau_interior_fraction": interior,
+             "tuned_tau_counts": {arm: {f"{t:g}": int(sum(v["tau"] == t for k, v in tuned.items()
+                                                          if k.endswith(f":{arm}"))) for t in taus}
+                                  for arm, taus in (("kl", cfg.kl_taus), ("rank", cfg.rank_tau_s))},
+             "n_cells": n_cells,
              "spearman": {"kl": rho_kl, "kl_p": p_kl, "rank": rho_rank, "rank_p": p_rank, "difference": d,
                           "difference_p": p_d, "teacher_acc_vs_ece": rho_acc_ece},
              "invariance_max_logit_diff": inv}
