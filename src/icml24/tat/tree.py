@@ -29,61 +29,78 @@ _OWNER = "TrajectoryAggregationTree"
 
 
 class TreeNode:
-    """A node: weighted mean of its merged states, the summed weight (its "value"), children."""
+    """A view of one node of a :class:`TrajectoryAggregationTree` (the tree keeps its nodes in arrays): the
+    weighted mean of its merged states, the summed weight (its "value"), the merge count, the children."""
 
-    __slots__ = ("parent", "children", "_wsum", "_wstate", "count", "steps", "_child_states", "index")
+    __slots__ = ("_tree", "_i")
 
-    def __init__(self, state: np.ndarray, weight: float, step: int, parent: TreeNode | None = None) -> None:
-        self.parent = parent
-        self.children: list[TreeNode] = []
-        self._wsum = float(weight)
-        self._wstate = np.asarray(state, dtype=float) * float(weight)
-        self.count = 1
-        self.steps = [int(step)]
-        self.index = 0  # position among the parent's children
-        self._child_states = np.zeros((0, self._wstate.shape[0]))
+    def __init__(self, tree: TrajectoryAggregationTree, index: int) -> None:
+        self._tree, self._i = tree, int(index)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TreeNode) and other._tree is self._tree and other._i == self._i
+
+    def __hash__(self) -> int:
+        return hash((id(self._tree), self._i))
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self._i}, value={self.value:.4g}, count={self.count}, children={len(self.children)})"
 
     @property
     def state(self) -> np.ndarray:
         """Weighted mean of the merged states, Σ w s / Σ w."""
-        return self._wstate / self._wsum
+        t = self._tree
+        return t._wstate[self._i] / t._wsum[self._i]
 
     @property
     def value(self) -> float:
         """Summed weight Σ w of the merged states (the selection criterion)."""
-        return self._wsum
+        return float(self._tree._wsum[self._i])
 
-    def merge(self, state: np.ndarray, weight: float, step: int) -> None:
-        self._wsum += float(weight)
-        self._wstate = self._wstate + float(weight) * np.asarray(state, dtype=float)
-        self.count += 1
-        self.steps.append(int(step))
-        if self.parent is not None:
-            self.parent._child_states[self.index] = self.state
+    @property
+    def count(self) -> int:
+        """Number of states merged into this node."""
+        return int(self._tree._count[self._i])
 
-    def expand(self, state: np.ndarray, weight: float, step: int) -> TreeNode:
-        child = TreeNode(state, weight, step, parent=self)
-        child.index = len(self.children)
-        self.children.append(child)
-        n = len(self.children)
-        if n > len(self._child_states):  # grow the cache geometrically
-            grown = np.zeros((max(4, 2 * n), self._wstate.shape[0]))
-            grown[:n - 1] = self._child_states[:n - 1]
-            self._child_states = grown
-        self._child_states[n - 1] = child.state
-        return child
+    @property
+    def steps(self) -> list[int]:
+        """Index of each merged state inside its trajectory, in merge order."""
+        t = self._tree
+        return [int(t._step0[self._i])] + t._merged_steps.get(self._i, [])
+
+    @property
+    def children(self) -> list[TreeNode]:
+        return [TreeNode(self._tree, c) for c in self._tree._children[self._i]]
+
+    @property
+    def parent(self) -> TreeNode | None:
+        t = self._tree
+        return None if self._i == t._root else TreeNode(t, int(t._parent[self._i]))
+
+    @property
+    def index(self) -> int:
+        """Position among the parent's children (0 for the root)."""
+        t = self._tree
+        return 0 if self._i == t._root else t._children[int(t._parent[self._i])].index(self._i)
 
     def child_states(self) -> np.ndarray:
-        """``[n_children, D]`` array of the children's states (kept in sync for a vectorised scan)."""
-        return self._child_states[:len(self.children)]
+        """``[n_children, D]`` array of the children's states."""
+        t = self._tree
+        ch = t._children[self._i]
+        return t._wstate[ch] / t._wsum[ch, None]
 
     def depth(self) -> int:
         """Length of the longest chain below this node."""
-        return 0 if not self.children else 1 + max(c.depth() for c in self.children)
+        return self._tree._depth_below(self._i)
 
 
 class TrajectoryAggregationTree:
     """TAT over any planner that returns a batch of state trajectories ``[B, L, D]``.
+
+    The nodes live in arrays (summed weight Σ w, weighted state sum Σ w s, merge count, parent, children lists):
+    an unmatched suffix of a trajectory is appended as one block, and only the prefix matching walks node by node.
+    The result is exactly that of inserting the trajectories one by one into an object-per-node tree (the tests
+    compare it with such a reference, ``tests/tat/_tree_reference.py``).
 
     Example::
 
@@ -112,7 +129,41 @@ class TrajectoryAggregationTree:
         root = np.zeros(self.state_dim) if start_state is None else np.asarray(start_state, dtype=float)
         if root.shape != (self.state_dim,):
             raise ValueError(f"{_OWNER}: start_state must have shape ({self.state_dim},), got {root.shape}")
-        self.root = TreeNode(root, 1.0, 0)
+        cap = 64
+        self._wsum = np.zeros(cap)                       # Σ w per node
+        self._wstate = np.zeros((cap, self.state_dim))   # Σ w s per node
+        self._count = np.zeros(cap, dtype=np.int64)
+        self._parent = np.full(cap, -1, dtype=np.int64)
+        self._step0 = np.zeros(cap, dtype=np.int64)      # index of the node's first state in its trajectory
+        self._children: list[list[int]] = [[]]
+        self._merged_steps: dict[int, list[int]] = {}
+        self._wsum[0], self._wstate[0], self._count[0] = 1.0, root * 1.0, 1
+        self._n, self._root = 1, 0
+
+    # ------------------------------------------------------------------ storage
+    def _reserve(self, extra: int) -> None:
+        need = self._n + extra
+        cap = len(self._wsum)
+        if need <= cap:
+            return
+        cap = max(need, 2 * cap)
+        for name in ("_wsum", "_wstate", "_count", "_parent", "_step0"):
+            old = getattr(self, name)
+            new = np.zeros((cap,) + old.shape[1:], dtype=old.dtype)
+            new[:self._n] = old[:self._n]
+            setattr(self, name, new)
+
+    def _depth_below(self, i: int) -> int:
+        depth, level = 0, self._children[i]
+        while level:
+            depth += 1
+            level = [c for n in level for c in self._children[n]]
+        return depth
+
+    @property
+    def root(self) -> TreeNode:
+        """The current root (the state the environment is in)."""
+        return TreeNode(self, self._root)
 
     # ------------------------------------------------------------------ distances
     def _dist(self, s: np.ndarray, cs: np.ndarray) -> np.ndarray:
@@ -153,41 +204,66 @@ class TrajectoryAggregationTree:
             trajectories: ``[B, L, D]`` (numpy or torch); index ``i`` of each is at depth ``i`` below the root.
         """
         x = self.check_trajectories(trajectories)
-        L, h = x.shape[1], self.history_length
+        B, L, _ = x.shape
+        h = self.history_length
         if L <= h:  # nothing beyond the history (the official code raises NameError here)
             return
-        for traj in x:
-            node, i = self.root, h
-            while i < L and node.children:
-                d = self._dist(traj[i], node.child_states())
+        w = np.array([self.weight(i) for i in range(L)])
+        wx = x * w[None, :, None]                       # w_i s_i, as a node stores it
+        steps = np.arange(L)
+        self._reserve(B * (L - h))                      # before binding the arrays: it may reallocate them
+        thr, children, dist = self.merge_threshold, self._children, self._dist
+        wsum, wstate, count = self._wsum, self._wstate, self._count
+        for b in range(B):
+            traj, node, i = x[b], self._root, h
+            # prefix matching: the closest child of the current node, while it is under the threshold
+            while i < L and children[node]:
+                ch = children[node]
+                d = dist(traj[i], wstate[ch] / wsum[ch, None])
                 k = int(np.argmin(d))
-                if not d[k] < self.merge_threshold:
+                if not d[k] < thr:
                     break
-                child = node.children[k]
-                child.merge(traj[i], self.weight(i), i)
-                node, i = child, i + 1
+                c = ch[k]
+                wsum[c] += w[i]
+                wstate[c] += wx[b, i]
+                count[c] += 1
+                self._merged_steps.setdefault(c, []).append(i)
+                node, i = c, i + 1
+            if i == L:
+                continue
             # NOTE(deviation): the official code skips the expansion when only the last state is unmatched
             # (``if i < length - 1``); here every unmatched state becomes a node.
-            for j in range(i, L):
-                node = node.expand(traj[j], self.weight(j), j)
+            n0, m = self._n, L - i                      # the unmatched suffix becomes one chain, as one block
+            wsum[n0:n0 + m] = w[i:]
+            wstate[n0:n0 + m] = wx[b, i:]
+            count[n0:n0 + m] = 1
+            self._step0[n0:n0 + m] = steps[i:]
+            self._parent[n0] = node
+            self._parent[n0 + 1:n0 + m] = np.arange(n0, n0 + m - 1)
+            children[node].append(n0)
+            children.extend([[j] for j in range(n0 + 1, n0 + m)])
+            children.append([])
+            self._n = n0 + m
 
     def best_child(self) -> int:
         """Index of the root child with the largest summed weight (first one on ties)."""
-        if not self.root.children:
+        ch = self._children[self._root]
+        if not ch:
             raise RuntimeError(f"{_OWNER}: the root has no children; integrate trajectories first")
-        return int(np.argmax([c.value for c in self.root.children]))
+        return int(np.argmax(self._wsum[ch]))
 
     def act(self) -> np.ndarray:
         """The next state: the weighted mean state of the best root child."""
-        return self.root.children[self.best_child()].state
+        c = self._children[self._root][self.best_child()]
+        return self._wstate[c] / self._wsum[c]
 
     def prune(self, index: int | None = None) -> None:
         """Make root child ``index`` (default: the best one) the root and drop the rest."""
+        ch = self._children[self._root]
         k = self.best_child() if index is None else v.integer(_OWNER, "index", index, minimum=0,
-                                                               maximum=len(self.root.children) - 1)
-        self.root = self.root.children[k]
-        self.root.parent = None
-        self.root.index = 0
+                                                               maximum=len(ch) - 1)
+        self._root = ch[k]
+        # NOTE: the dropped nodes stay in the arrays (unreachable) until the tree is discarded
 
     def rollout(self, n: int, *, rng: np.random.Generator | None = None) -> np.ndarray:
         """Act and prune ``n`` times (open-loop plan), returning ``[n', D]`` states (``n' < n`` if the tree ends).
@@ -199,20 +275,26 @@ class TrajectoryAggregationTree:
         """
         v.integer(_OWNER, "n", n, minimum=0)
         out = []
+        children, wsum, wstate = self._children, self._wsum, self._wstate
         for _ in range(n):
-            if not self.root.children:
+            ch = children[self._root]
+            if not ch:
                 break
-            k = self.best_child() if rng is None else int(rng.integers(len(self.root.children)))
-            out.append(self.root.children[k].state)
-            self.prune(k)
+            k = int(np.argmax(wsum[ch])) if rng is None else int(rng.integers(len(ch)))
+            c = ch[k]
+            out.append(wstate[c] / wsum[c])
+            self._root = c
         return np.array(out).reshape(len(out), self.state_dim)
 
     def n_nodes(self) -> int:
-        stack, n = [self.root], 0
+        """Number of nodes reachable from the root (the root included)."""
+        if self._root == 0:  # never pruned: every node is below the root
+            return self._n
+        stack, n = [self._root], 0
         while stack:
             node = stack.pop()
             n += 1
-            stack.extend(node.children)
+            stack.extend(self._children[node])
         return n
 
 
@@ -231,8 +313,11 @@ def aggregate_plan(trajectories: Any, *, lambda_: float = 0.98, merge_threshold:
     tree = TrajectoryAggregationTree(state_dim=x.shape[-1], lambda_=lambda_, merge_threshold=merge_threshold,
                                      distance=distance, history_length=history_length)
     tree.integrate(x)
-    info = {"root_children": len(tree.root.children), "n_nodes": tree.n_nodes(),
-            "root_max_count": max((c.count for c in tree.root.children), default=0)} if return_tree else {}
+    info = {}
+    if return_tree:
+        ch = tree._children[tree._root]
+        info = {"root_children": len(ch), "n_nodes": tree.n_nodes(),
+                "root_max_count": int(tree._count[ch].max()) if ch else 0}
     L = x.shape[1]
     steps = tree.rollout(L - 1, rng=rng)
     plan = np.concatenate([x[0, :1], steps], axis=0)
