@@ -66,7 +66,10 @@ class TreeNode:
     def steps(self) -> list[int]:
         """Index of each merged state inside its trajectory, in merge order."""
         t = self._tree
-        return [int(t._step0[self._i])] + t._merged_steps.get(self._i, [])
+        out = [int(t._step0[self._i])]
+        for nodes, step in t._merge_log:
+            out += [step] * int(np.count_nonzero(nodes == self._i))
+        return out
 
     @property
     def children(self) -> list[TreeNode]:
@@ -136,7 +139,7 @@ class TrajectoryAggregationTree:
         self._parent = np.full(cap, -1, dtype=np.int64)
         self._step0 = np.zeros(cap, dtype=np.int64)      # index of the node's first state in its trajectory
         self._children: list[list[int]] = [[]]
-        self._merged_steps: dict[int, list[int]] = {}
+        self._merge_log: list[tuple[np.ndarray, int]] = []   # (nodes merged into, in order; the state index)
         self._wsum[0], self._wstate[0], self._count[0] = 1.0, root * 1.0, 1
         self._n, self._root = 1, 0
 
@@ -197,8 +200,94 @@ class TrajectoryAggregationTree:
             raise ValueError(f"{_OWNER}: trajectories contain non-finite values")
         return x
 
+    def _dist_many(self, s: np.ndarray, cs: np.ndarray) -> np.ndarray:
+        """``[G, K]`` distances of each state ``s[g]`` to each row of ``cs[g]`` (``[G, D]``, ``[G, K, D]``)."""
+        if self.distance == "euclidean":
+            return np.linalg.norm(cs - s[:, None], axis=-1)
+        den = np.linalg.norm(cs, axis=-1) * np.linalg.norm(s, axis=-1)[:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cos = np.einsum("gkd,gd->gk", cs, s) / den
+        return 1.0 - np.where(den > 0, cos, 0.0)
+
+    def _append_chain(self, parent: int, first_wsum: float, first_wstate: np.ndarray, first_count: int,
+                      w: np.ndarray, wx_b: np.ndarray, i: int) -> int:
+        """Append the chain of nodes for indices ``i..L−1`` of one trajectory under ``parent`` (its first node may
+        already hold merged states); returns the first node's id."""
+        n0, m = self._n, len(w) - i
+        self._wsum[n0], self._wstate[n0], self._count[n0] = first_wsum, first_wstate, first_count
+        self._wsum[n0 + 1:n0 + m] = w[i + 1:]
+        self._wstate[n0 + 1:n0 + m] = wx_b[i + 1:]
+        self._count[n0 + 1:n0 + m] = 1
+        self._step0[n0:n0 + m] = np.arange(i, len(w))
+        self._parent[n0] = parent
+        self._parent[n0 + 1:n0 + m] = np.arange(n0, n0 + m - 1)
+        self._children[parent].append(n0)
+        self._children.extend([[j] for j in range(n0 + 1, n0 + m)])
+        self._children.append([])
+        self._n = n0 + m
+        return n0
+
+    def _resolve_group(self, ch: list[int], s: np.ndarray, w_i: float, wx: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sequential merge rule for the G ≥ 2 trajectories at one node at one depth, computed for all at once.
+
+        Candidate children: the node's ``C0`` existing children and one potential new child per member g (real for
+        the later members iff g expands). ``a[g]`` is member g's target: ``k < C0`` (merge into existing child k)
+        or ``C0 + e`` (merge into member e's new child; ``a[g] = C0 + g``: g expands). Given a guess of ``a``, each
+        member's view of every child (weighted sums accumulated in batch order by ``cumsum``, i.e. the sequential
+        additions) gives its distances and a new ``a``. The rule's assignment is the unique fixed point (member g's
+        view depends only on the members before it), and each pass fixes at least one more member, so the loop
+        ends after at most G + 1 passes (2–3 in practice).
+
+        Returns ``a`` and the final ``Σ w s`` ``[K, D]`` and ``Σ w`` ``[K]`` of the columns (existing children,
+        then the new children in batch order) with ``K = C0 + #expanding members``.
+        """
+        G, C0, D = len(s), len(ch), self.state_dim
+        g_idx = np.arange(G)
+        ws0, wsum0 = self._wstate[ch], self._wsum[ch]
+        if C0:                                                         # first guess: existing children only
+            d = self._dist_many(s, np.broadcast_to(ws0 / wsum0[:, None], (G, C0, D)))
+            k = np.argmin(d, axis=1)
+            a = np.where(d[g_idx, k] < self.merge_threshold, k, C0 + g_idx)
+        else:
+            a = C0 + g_idx
+        while True:
+            exp = np.flatnonzero(a == C0 + g_idx)                      # expanding members, in batch order
+            K = C0 + len(exp)
+            col = np.empty(C0 + G, dtype=np.int64)                    # target -> column
+            col[:C0] = np.arange(C0)
+            col[C0 + exp] = C0 + np.arange(len(exp))
+            valid_target = np.ones(C0 + G, dtype=bool)
+            valid_target[C0:] = False
+            valid_target[C0 + exp] = True
+            if not valid_target[a].all():                              # a merge into a branch that is not there
+                a = np.where(valid_target[a], a, C0 + g_idx)
+                continue
+            z = np.zeros((G + 1, K, D))
+            zw = np.zeros((G + 1, K))
+            z[0, :C0], zw[0, :C0] = ws0, wsum0
+            z[1 + g_idx, col[a]] = wx
+            zw[1 + g_idx, col[a]] = w_i
+            cz, czw = np.cumsum(z, axis=0), np.cumsum(zw, axis=0)
+            valid = np.ones((G, K), dtype=bool)
+            valid[:, C0:] = exp[None, :] < g_idx[:, None]             # e's branch exists for members after e
+            with np.errstate(invalid="ignore", divide="ignore"):
+                d = self._dist_many(s, cz[:-1] / czw[:-1, :, None])
+            d = np.where(valid, d, np.inf)
+            k = np.argmin(d, axis=1)
+            target = np.where(k < C0, k, C0 + exp[np.maximum(k - C0, 0)] if len(exp) else k)
+            new = np.where(d[g_idx, k] < self.merge_threshold, target, C0 + g_idx)
+            if np.array_equal(new, a):
+                return a, cz[-1], czw[-1]
+            a = new
+
     def integrate(self, trajectories: Any) -> None:
         """Merge (prefix matching under the threshold) then expand every trajectory of the batch, in order.
+
+        Computed depth by depth: at depth i only trajectories at the same node interact (a node's children are
+        changed only by the trajectories that reach that node, in batch order), so each node's group is resolved
+        at once (:meth:`_resolve_group`) and an unmatched suffix is appended as one block. The result equals
+        inserting the trajectories one by one (the object-per-node reference in the tests).
 
         Args:
             trajectories: ``[B, L, D]`` (numpy or torch); index ``i`` of each is at depth ``i`` below the root.
@@ -210,40 +299,59 @@ class TrajectoryAggregationTree:
             return
         w = np.array([self.weight(i) for i in range(L)])
         wx = x * w[None, :, None]                       # w_i s_i, as a node stores it
-        steps = np.arange(L)
-        self._reserve(B * (L - h))                      # before binding the arrays: it may reallocate them
-        thr, children, dist = self.merge_threshold, self._children, self._dist
-        wsum, wstate, count = self._wsum, self._wstate, self._count
-        for b in range(B):
-            traj, node, i = x[b], self._root, h
-            # prefix matching: the closest child of the current node, while it is under the threshold
-            while i < L and children[node]:
+        self._reserve(B * (L - h))
+        children, thr = self._children, self.merge_threshold
+        # NOTE(deviation): the official code skips the expansion when only the last state is unmatched
+        # (``if i < length - 1``); here every unmatched state becomes a node.
+        active, cur = np.arange(B), np.full(B, self._root)
+        for i in range(h, L):
+            if active.size == 0:
+                break
+            nodes = cur[active]
+            order = np.argsort(nodes, kind="stable")   # grouped by node, batch order inside a group
+            srt = nodes[order]
+            cuts = np.flatnonzero(np.diff(srt)) + 1
+            keep = []
+            for grp in np.split(active[order], cuts):
+                node = int(cur[grp[0]])
                 ch = children[node]
-                d = dist(traj[i], wstate[ch] / wsum[ch, None])
-                k = int(np.argmin(d))
-                if not d[k] < thr:
-                    break
-                c = ch[k]
-                wsum[c] += w[i]
-                wstate[c] += wx[b, i]
-                count[c] += 1
-                self._merged_steps.setdefault(c, []).append(i)
-                node, i = c, i + 1
-            if i == L:
-                continue
-            # NOTE(deviation): the official code skips the expansion when only the last state is unmatched
-            # (``if i < length - 1``); here every unmatched state becomes a node.
-            n0, m = self._n, L - i                      # the unmatched suffix becomes one chain, as one block
-            wsum[n0:n0 + m] = w[i:]
-            wstate[n0:n0 + m] = wx[b, i:]
-            count[n0:n0 + m] = 1
-            self._step0[n0:n0 + m] = steps[i:]
-            self._parent[n0] = node
-            self._parent[n0 + 1:n0 + m] = np.arange(n0, n0 + m - 1)
-            children[node].append(n0)
-            children.extend([[j] for j in range(n0 + 1, n0 + m)])
-            children.append([])
-            self._n = n0 + m
+                if len(grp) == 1:                       # one trajectory: the plain sequential step
+                    bb = int(grp[0])
+                    if ch:
+                        d = self._dist(x[bb, i], self._wstate[ch] / self._wsum[ch, None])
+                        k = int(np.argmin(d))
+                        if d[k] < thr:
+                            c = ch[k]
+                            self._wsum[c] += w[i]
+                            self._wstate[c] += wx[bb, i]
+                            self._count[c] += 1
+                            self._merge_log.append((np.array([c]), i))
+                            cur[bb] = c
+                            keep.append(bb)
+                            continue
+                    self._append_chain(node, w[i], wx[bb, i], 1, w, wx[bb], i)
+                    continue
+                C0 = len(ch)
+                a, fin, finw = self._resolve_group(list(ch), x[grp, i], w[i], wx[grp, i])
+                cnt = np.bincount(a, minlength=C0 + len(grp))
+                for k in np.flatnonzero(cnt[:C0]):      # merges into existing children
+                    c = ch[k]
+                    self._wsum[c], self._wstate[c] = finw[k], fin[k]
+                    self._count[c] += cnt[k]
+                g_idx = np.arange(len(grp))
+                target_node = np.zeros(C0 + len(grp), dtype=np.int64)
+                target_node[:C0] = ch
+                for e in np.flatnonzero(a == C0 + g_idx):   # new branches, in batch order
+                    q = C0 + int(np.count_nonzero(a[:e] == C0 + g_idx[:e]))
+                    target_node[C0 + e] = self._append_chain(node, finw[q], fin[q], int(cnt[C0 + e]), w,
+                                                             wx[grp[e]], i)
+                merged = np.flatnonzero(a != C0 + g_idx)
+                if merged.size:
+                    mn = target_node[a[merged]]
+                    cur[grp[merged]] = mn
+                    self._merge_log.append((mn, i))
+                    keep.extend(grp[merged].tolist())
+            active = np.array(sorted(keep), dtype=np.int64)
 
     def best_child(self) -> int:
         """Index of the root child with the largest summed weight (first one on ties)."""
