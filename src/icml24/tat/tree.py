@@ -26,6 +26,8 @@ from icml24.common import validate as v
 __all__ = ["TreeNode", "TrajectoryAggregationTree", "aggregate_plan", "medoid_index"]
 
 _OWNER = "TrajectoryAggregationTree"
+_SEQUENTIAL_GROUP = 8  # groups up to this size are merged trajectory by trajectory, larger ones all at once
+_CHUNK = 32            # ... in chunks of at most this many trajectories (fewer fixed-point passes, smaller arrays)
 
 
 class TreeNode:
@@ -73,7 +75,7 @@ class TreeNode:
 
     @property
     def children(self) -> list[TreeNode]:
-        return [TreeNode(self._tree, c) for c in self._tree._children[self._i]]
+        return [TreeNode(self._tree, c) for c in self._tree._kids(self._i)]
 
     @property
     def parent(self) -> TreeNode | None:
@@ -84,12 +86,12 @@ class TreeNode:
     def index(self) -> int:
         """Position among the parent's children (0 for the root)."""
         t = self._tree
-        return 0 if self._i == t._root else t._children[int(t._parent[self._i])].index(self._i)
+        return 0 if self._i == t._root else t._kids(int(t._parent[self._i])).index(self._i)
 
     def child_states(self) -> np.ndarray:
         """``[n_children, D]`` array of the children's states."""
         t = self._tree
-        ch = t._children[self._i]
+        ch = t._kids(self._i)
         return t._wstate[ch] / t._wsum[ch, None]
 
     def depth(self) -> int:
@@ -138,7 +140,9 @@ class TrajectoryAggregationTree:
         self._count = np.zeros(cap, dtype=np.int64)
         self._parent = np.full(cap, -1, dtype=np.int64)
         self._step0 = np.zeros(cap, dtype=np.int64)      # index of the node's first state in its trajectory
-        self._children: list[list[int]] = [[]]
+        # children: the first one in an array (a chain node has only that one), any later ones in a dict
+        self._first = np.full(cap, -1, dtype=np.int64)
+        self._more: dict[int, list[int]] = {}
         self._merge_log: list[tuple[np.ndarray, int]] = []   # (nodes merged into, in order; the state index)
         self._wsum[0], self._wstate[0], self._count[0] = 1.0, root * 1.0, 1
         self._n, self._root = 1, 0
@@ -150,17 +154,28 @@ class TrajectoryAggregationTree:
         if need <= cap:
             return
         cap = max(need, 2 * cap)
-        for name in ("_wsum", "_wstate", "_count", "_parent", "_step0"):
+        for name in ("_wsum", "_wstate", "_count", "_parent", "_step0", "_first"):
             old = getattr(self, name)
             new = np.zeros((cap,) + old.shape[1:], dtype=old.dtype)
             new[:self._n] = old[:self._n]
             setattr(self, name, new)
 
+    def _kids(self, i: int) -> list[int]:
+        """Ids of node ``i``'s children, in creation order."""
+        f = int(self._first[i])
+        return [] if f < 0 else [f] + self._more.get(i, [])
+
+    def _add_child(self, parent: int, c: int) -> None:
+        if self._first[parent] < 0:
+            self._first[parent] = c
+        else:
+            self._more.setdefault(parent, []).append(c)
+
     def _depth_below(self, i: int) -> int:
-        depth, level = 0, self._children[i]
+        depth, level = 0, self._kids(i)
         while level:
             depth += 1
-            level = [c for n in level for c in self._children[n]]
+            level = [c for n in level for c in self._kids(n)]
         return depth
 
     @property
@@ -221,9 +236,9 @@ class TrajectoryAggregationTree:
         self._step0[n0:n0 + m] = np.arange(i, len(w))
         self._parent[n0] = parent
         self._parent[n0 + 1:n0 + m] = np.arange(n0, n0 + m - 1)
-        self._children[parent].append(n0)
-        self._children.extend([[j] for j in range(n0 + 1, n0 + m)])
-        self._children.append([])
+        self._first[n0:n0 + m - 1] = np.arange(n0 + 1, n0 + m)
+        self._first[n0 + m - 1] = -1
+        self._add_child(parent, n0)
         self._n = n0 + m
         return n0
 
@@ -300,7 +315,7 @@ class TrajectoryAggregationTree:
         w = np.array([self.weight(i) for i in range(L)])
         wx = x * w[None, :, None]                       # w_i s_i, as a node stores it
         self._reserve(B * (L - h))
-        children, thr = self._children, self.merge_threshold
+        thr = self.merge_threshold
         # NOTE(deviation): the official code skips the expansion when only the last state is unmatched
         # (``if i < length - 1``); here every unmatched state becomes a node.
         active, cur = np.arange(B), np.full(B, self._root)
@@ -314,60 +329,62 @@ class TrajectoryAggregationTree:
             keep = []
             for grp in np.split(active[order], cuts):
                 node = int(cur[grp[0]])
-                ch = children[node]
-                if len(grp) == 1:                       # one trajectory: the plain sequential step
-                    bb = int(grp[0])
-                    if ch:
-                        d = self._dist(x[bb, i], self._wstate[ch] / self._wsum[ch, None])
-                        k = int(np.argmin(d))
-                        if d[k] < thr:
-                            c = ch[k]
-                            self._wsum[c] += w[i]
-                            self._wstate[c] += wx[bb, i]
-                            self._count[c] += 1
-                            self._merge_log.append((np.array([c]), i))
-                            cur[bb] = c
-                            keep.append(bb)
-                            continue
-                    self._append_chain(node, w[i], wx[bb, i], 1, w, wx[bb], i)
+                if len(grp) <= _SEQUENTIAL_GROUP:      # small group: the plain sequential steps are cheaper
+                    for bb in grp.tolist():
+                        ch = self._kids(node)
+                        if ch:
+                            d = self._dist(x[bb, i], self._wstate[ch] / self._wsum[ch, None])
+                            k = int(np.argmin(d))
+                            if d[k] < thr:
+                                c = ch[k]
+                                self._wsum[c] += w[i]
+                                self._wstate[c] += wx[bb, i]
+                                self._count[c] += 1
+                                self._merge_log.append((np.array([c]), i))
+                                cur[bb] = c
+                                keep.append(bb)
+                                continue
+                        self._append_chain(node, w[i], wx[bb, i], 1, w, wx[bb], i)
                     continue
-                C0 = len(ch)
-                a, fin, finw = self._resolve_group(list(ch), x[grp, i], w[i], wx[grp, i])
-                cnt = np.bincount(a, minlength=C0 + len(grp))
-                for k in np.flatnonzero(cnt[:C0]):      # merges into existing children
-                    c = ch[k]
-                    self._wsum[c], self._wstate[c] = finw[k], fin[k]
-                    self._count[c] += cnt[k]
-                g_idx = np.arange(len(grp))
-                target_node = np.zeros(C0 + len(grp), dtype=np.int64)
-                target_node[:C0] = ch
-                for e in np.flatnonzero(a == C0 + g_idx):   # new branches, in batch order
-                    q = C0 + int(np.count_nonzero(a[:e] == C0 + g_idx[:e]))
-                    target_node[C0 + e] = self._append_chain(node, finw[q], fin[q], int(cnt[C0 + e]), w,
-                                                             wx[grp[e]], i)
-                merged = np.flatnonzero(a != C0 + g_idx)
-                if merged.size:
-                    mn = target_node[a[merged]]
-                    cur[grp[merged]] = mn
-                    self._merge_log.append((mn, i))
-                    keep.extend(grp[merged].tolist())
+                for part in np.array_split(grp, -(-len(grp) // _CHUNK)):   # chunks in batch order
+                    ch = self._kids(node)
+                    C0 = len(ch)
+                    a, fin, finw = self._resolve_group(ch, x[part, i], w[i], wx[part, i])
+                    cnt = np.bincount(a, minlength=C0 + len(part))
+                    for k in np.flatnonzero(cnt[:C0]):      # merges into existing children
+                        c = ch[k]
+                        self._wsum[c], self._wstate[c] = finw[k], fin[k]
+                        self._count[c] += cnt[k]
+                    g_idx = np.arange(len(part))
+                    target_node = np.zeros(C0 + len(part), dtype=np.int64)
+                    target_node[:C0] = ch
+                    for e in np.flatnonzero(a == C0 + g_idx):   # new branches, in batch order
+                        q = C0 + int(np.count_nonzero(a[:e] == C0 + g_idx[:e]))
+                        target_node[C0 + e] = self._append_chain(node, finw[q], fin[q], int(cnt[C0 + e]), w,
+                                                                 wx[part[e]], i)
+                    merged = np.flatnonzero(a != C0 + g_idx)
+                    if merged.size:
+                        mn = target_node[a[merged]]
+                        cur[part[merged]] = mn
+                        self._merge_log.append((mn, i))
+                        keep.extend(part[merged].tolist())
             active = np.array(sorted(keep), dtype=np.int64)
 
     def best_child(self) -> int:
         """Index of the root child with the largest summed weight (first one on ties)."""
-        ch = self._children[self._root]
+        ch = self._kids(self._root)
         if not ch:
             raise RuntimeError(f"{_OWNER}: the root has no children; integrate trajectories first")
         return int(np.argmax(self._wsum[ch]))
 
     def act(self) -> np.ndarray:
         """The next state: the weighted mean state of the best root child."""
-        c = self._children[self._root][self.best_child()]
+        c = self._kids(self._root)[self.best_child()]
         return self._wstate[c] / self._wsum[c]
 
     def prune(self, index: int | None = None) -> None:
         """Make root child ``index`` (default: the best one) the root and drop the rest."""
-        ch = self._children[self._root]
+        ch = self._kids(self._root)
         k = self.best_child() if index is None else v.integer(_OWNER, "index", index, minimum=0,
                                                                maximum=len(ch) - 1)
         self._root = ch[k]
@@ -383,9 +400,9 @@ class TrajectoryAggregationTree:
         """
         v.integer(_OWNER, "n", n, minimum=0)
         out = []
-        children, wsum, wstate = self._children, self._wsum, self._wstate
+        wsum, wstate = self._wsum, self._wstate
         for _ in range(n):
-            ch = children[self._root]
+            ch = self._kids(self._root)
             if not ch:
                 break
             k = int(np.argmax(wsum[ch])) if rng is None else int(rng.integers(len(ch)))
@@ -402,7 +419,7 @@ class TrajectoryAggregationTree:
         while stack:
             node = stack.pop()
             n += 1
-            stack.extend(self._children[node])
+            stack.extend(self._kids(node))
         return n
 
 
@@ -423,7 +440,7 @@ def aggregate_plan(trajectories: Any, *, lambda_: float = 0.98, merge_threshold:
     tree.integrate(x)
     info = {}
     if return_tree:
-        ch = tree._children[tree._root]
+        ch = tree._kids(tree._root)
         info = {"root_children": len(ch), "n_nodes": tree.n_nodes(),
                 "root_max_count": int(tree._count[ch].max()) if ch else 0}
     L = x.shape[1]
