@@ -68,10 +68,7 @@ class TreeNode:
     def steps(self) -> list[int]:
         """Index of each merged state inside its trajectory, in merge order."""
         t = self._tree
-        out = [int(t._step0[self._i])]
-        for nodes, step in t._merge_log:
-            out += [step] * int(np.count_nonzero(nodes == self._i))
-        return out
+        return [int(t._step0[self._i])] + t._merged_steps().get(self._i, [])
 
     @property
     def children(self) -> list[TreeNode]:
@@ -144,6 +141,7 @@ class TrajectoryAggregationTree:
         self._first = np.full(cap, -1, dtype=np.int64)
         self._more: dict[int, list[int]] = {}
         self._merge_log: list[tuple[np.ndarray, int]] = []   # (nodes merged into, in order; the state index)
+        self._steps_cache: tuple[int, dict[int, list[int]]] = (0, {})
         self._wsum[0], self._wstate[0], self._count[0] = 1.0, root * 1.0, 1
         self._n, self._root = 1, 0
 
@@ -159,6 +157,16 @@ class TrajectoryAggregationTree:
             new = np.zeros((cap,) + old.shape[1:], dtype=old.dtype)
             new[:self._n] = old[:self._n]
             setattr(self, name, new)
+
+    def _merged_steps(self) -> dict[int, list[int]]:
+        """``{node: [index of each state merged into it, in order]}`` from the merge log (cached)."""
+        if self._steps_cache[0] != len(self._merge_log):
+            out: dict[int, list[int]] = {}
+            for nodes, step in self._merge_log:
+                for c in nodes.tolist():
+                    out.setdefault(c, []).append(step)
+            self._steps_cache = (len(self._merge_log), out)
+        return self._steps_cache[1]
 
     def _kids(self, i: int) -> list[int]:
         """Ids of node ``i``'s children, in creation order."""
