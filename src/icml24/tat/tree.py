@@ -17,6 +17,7 @@ older plans (sampled k steps ago) carry λ^k less weight than fresh ones at the 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import numpy as np
@@ -194,12 +195,13 @@ class TrajectoryAggregationTree:
     # ------------------------------------------------------------------ distances
     def _dist(self, s: np.ndarray, cs: np.ndarray) -> np.ndarray:
         """Distance of state ``s`` to each row of ``cs``."""
+        # the operations of np.linalg.norm, without its overhead (this runs once per merge step)
         if self.distance == "euclidean":
-            return np.linalg.norm(cs - s, axis=1)
-        den = np.linalg.norm(cs, axis=1) * np.linalg.norm(s)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            cos = (cs @ s) / den
-        return 1.0 - np.where(den > 0, cos, 0.0)
+            diff = cs - s
+            return np.sqrt(np.add.reduce(diff * diff, axis=1))
+        den = np.sqrt(np.add.reduce(cs * cs, axis=1)) * math.sqrt(s.dot(s))
+        cos = np.divide(cs @ s, den, out=np.zeros(len(cs)), where=den > 0)
+        return 1.0 - cos
 
     def weight(self, i: int) -> float:
         """w_i = λ^(i−1)."""
@@ -232,23 +234,29 @@ class TrajectoryAggregationTree:
             cos = np.einsum("gkd,gd->gk", cs, s) / den
         return 1.0 - np.where(den > 0, cos, 0.0)
 
-    def _append_chain(self, parent: int, first_wsum: float, first_wstate: np.ndarray, first_count: int,
-                      w: np.ndarray, wx_b: np.ndarray, i: int) -> int:
-        """Append the chain of nodes for indices ``i..L−1`` of one trajectory under ``parent`` (its first node may
-        already hold merged states); returns the first node's id."""
-        n0, m = self._n, len(w) - i
-        self._wsum[n0], self._wstate[n0], self._count[n0] = first_wsum, first_wstate, first_count
-        self._wsum[n0 + 1:n0 + m] = w[i + 1:]
-        self._wstate[n0 + 1:n0 + m] = wx_b[i + 1:]
-        self._count[n0 + 1:n0 + m] = 1
-        self._step0[n0:n0 + m] = np.arange(i, len(w))
-        self._parent[n0] = parent
-        self._parent[n0 + 1:n0 + m] = np.arange(n0, n0 + m - 1)
-        self._first[n0:n0 + m - 1] = np.arange(n0 + 1, n0 + m)
-        self._first[n0 + m - 1] = -1
-        self._add_child(parent, n0)
-        self._n = n0 + m
-        return n0
+    def _append_chains(self, parent: int, first_wsum: Any, first_wstate: np.ndarray, first_count: Any,
+                       w: np.ndarray, wx_rows: np.ndarray, i: int) -> np.ndarray:
+        """Append, in order, one chain per row of ``wx_rows`` (``[E, L, D]``, the trajectories' ``w s``) for the
+        indices ``i..L−1`` under ``parent``; a chain's first node may already hold merged states (``first_*``,
+        ``[E]`` / ``[E, D]``). Returns the first nodes' ids."""
+        E, m, n0 = len(wx_rows), len(w) - i, self._n
+        ids = np.arange(n0, n0 + E * m).reshape(E, m)
+        sl = slice(n0, n0 + E * m)
+        ws = self._wsum[sl].reshape(E, m)
+        ws[:, 0], ws[:, 1:] = first_wsum, w[i + 1:]
+        wst = self._wstate[sl].reshape(E, m, self.state_dim)
+        wst[:, 0], wst[:, 1:] = first_wstate, wx_rows[:, i + 1:]
+        cnt = self._count[sl].reshape(E, m)
+        cnt[:, 0], cnt[:, 1:] = first_count, 1
+        self._step0[sl].reshape(E, m)[:] = np.arange(i, len(w))
+        par = self._parent[sl].reshape(E, m)
+        par[:, 0], par[:, 1:] = parent, ids[:, :-1]
+        fst = self._first[sl].reshape(E, m)
+        fst[:, :-1], fst[:, -1] = ids[:, 1:], -1
+        for c in ids[:, 0].tolist():
+            self._add_child(parent, c)
+        self._n = n0 + E * m
+        return ids[:, 0]
 
     def _resolve_group(self, ch: list[int], s: np.ndarray, w_i: float, wx: np.ndarray
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -352,7 +360,7 @@ class TrajectoryAggregationTree:
                                 cur[bb] = c
                                 keep.append(bb)
                                 continue
-                        self._append_chain(node, w[i], wx[bb, i], 1, w, wx[bb], i)
+                        self._append_chains(node, w[i], wx[bb, i], 1, w, wx[bb:bb + 1], i)
                     continue
                 for part in np.array_split(grp, -(-len(grp) // _CHUNK)):   # chunks in batch order
                     ch = self._kids(node)
@@ -366,10 +374,10 @@ class TrajectoryAggregationTree:
                     g_idx = np.arange(len(part))
                     target_node = np.zeros(C0 + len(part), dtype=np.int64)
                     target_node[:C0] = ch
-                    for e in np.flatnonzero(a == C0 + g_idx):   # new branches, in batch order
-                        q = C0 + int(np.count_nonzero(a[:e] == C0 + g_idx[:e]))
-                        target_node[C0 + e] = self._append_chain(node, finw[q], fin[q], int(cnt[C0 + e]), w,
-                                                                 wx[part[e]], i)
+                    exp = np.flatnonzero(a == C0 + g_idx)    # new branches, in batch order
+                    if exp.size:
+                        target_node[C0 + exp] = self._append_chains(node, finw[C0:], fin[C0:], cnt[C0 + exp], w,
+                                                                    wx[part[exp]], i)
                     merged = np.flatnonzero(a != C0 + g_idx)
                     if merged.size:
                         mn = target_node[a[merged]]
