@@ -107,7 +107,8 @@ def test_issue_cases_match_reference(order_seed):
         p_ref, i_ref = ref.aggregate_plan(x, return_tree=True, **kw)
         np.testing.assert_array_equal(p_new, p_ref)
         assert i_new == i_ref
-        t_new, t_ref = fast.TrajectoryAggregationTree(state_dim=4, **kw), ref.TrajectoryAggregationTree(state_dim=4, **kw)
+        t_new = fast.TrajectoryAggregationTree(state_dim=4, **kw)
+        t_ref = ref.TrajectoryAggregationTree(state_dim=4, **kw)
         t_new.integrate(x)
         t_ref.integrate(x)
         _assert_same_tree(t_new, t_ref)
