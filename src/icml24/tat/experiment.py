@@ -62,8 +62,8 @@ class Config(ExperimentConfig):
     fast_steps: int = field(default=7, metadata=help_text("denoising steps of the fast arms: ceil(T/3) (claim 3)"))
     steps_grid: tuple[int, ...] = field(default=(20, 7, 4), metadata=help_text(
         "denoising step counts for the score-vs-steps curve (vanilla and TAT)"))
-    episodes_per_seed: int = field(default=32, metadata=help_text(
-        "start-goal pairs per seed and maze (5 x 32 x 2 mazes = 320 >= 300 pooled plans, issue)"))
+    episodes_per_seed: int = field(default=64, metadata=help_text(
+        "start-goal pairs per seed and maze (5 x 64 = 320 >= 300 plans per maze, issue)"))
     episode_factor: float = field(default=1.0, metadata=help_text(
         "episode length = factor x H env steps (1: the goal must be reached within the plan's own horizon)"))
     lambda_: float = field(default=0.98, metadata=help_text("λ, TAT weight decay (official 0.98)"))
