@@ -238,3 +238,27 @@ def test_guidance_gradient_points_toward_the_target(net):
     assert bias[..., 22].eq(1.5).all() and bias.sum() == 1.5 * 2 * 10
     with pytest.raises(ValueError, match="labels"):
         train_structure_head(net, tokens, labels[:, :4], steps=1)
+
+
+def test_structure_adapter_starts_as_the_frozen_model_and_trains_only_itself():
+    from icml24.dplm.adapter import StructureAdapter, train_adapter
+
+    torch.manual_seed(0)
+    base = build_esm(hidden=16, layers=1, heads=2, max_length=12).eval()
+    adapter = StructureAdapter(base, max_length=10, heads=2).eval()
+    x = encode(["ALALALALAL", "GSGSGSGSGS"])
+    ss = torch.zeros(2, 10, dtype=torch.long)
+    with torch.no_grad():
+        assert torch.allclose(adapter(x, structure=ss), base(input_ids=x).logits, atol=1e-6)
+    before = {n: p.clone() for n, p in base.named_parameters()}
+    losses = train_adapter(adapter, x.repeat(4, 1), ss.repeat(4, 1), steps=3, batch_size=4,
+                           generator=torch.Generator().manual_seed(0))
+    assert all(np.isfinite(losses))
+    assert all(torch.equal(before[n], p) for n, p in base.named_parameters())
+    assert not torch.equal(adapter.adapter_ffn[-1].weight, torch.zeros_like(adapter.adapter_ffn[-1].weight))
+    y = reparam_decode(adapter.conditioned_on(ss), masked_init(2, 10), max_iter=4)
+    assert not (y == MASK).any()
+    with pytest.raises(ValueError, match="one class per residue"):
+        adapter(x, structure=ss[:, :5])
+    with pytest.raises(ValueError, match="0..2"):
+        adapter(x, structure=ss + 3)

@@ -14,7 +14,9 @@ objective's lr tuned on seed 0's validation split with the same grid, then:
    claim DPLM > MLM;
 4. classifier guidance toward all-helix: claims the oracle helix fraction rises from η = 0 to the largest η
    while the log-likelihood drops by ≤ ``guidance_ll_bound`` nats; a negative control (guidance toward an
-   all-W sequence) must break that bound (``sanity``).
+   all-W sequence) must break that bound (``sanity``);
+5. a structure adapter on the frozen DPLM: claim its designs' oracle structure agrees with held-out target
+   structure strings more often than unconditional DPLM samples do.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from icml24.common.seeding import numpy_generator, seed_everything, torch_genera
 from icml24.dplm.grammar import MOTIF, SS_CLASSES, ProteinGrammar
 from icml24.dplm.guidance import StructureGuidance, TokenBiasGuidance, train_structure_head
 from icml24.dplm.models import build_esm, residue_features
-from icml24.dplm.sampler import generate, generate_autoregressive, reparam_decode, scaffold_init
+from icml24.dplm.adapter import StructureAdapter, train_adapter
+from icml24.dplm.sampler import generate, generate_autoregressive, masked_init, reparam_decode, scaffold_init
 from icml24.dplm.tokens import TOKEN_ID, decode, residue_ids_to_tokens, tokens_to_residue_ids
 from icml24.dplm.train import OBJECTIVES, autoregressive_nll, train_lm, validation_loss
 
@@ -67,6 +70,8 @@ class Config(ExperimentConfig):
         "η values of classifier guidance, increasing from 0 (notes §5.4: {0, 1, 2, 4})"))
     guidance_samples: int = field(default=32, metadata=help_text("guided samples per η and seed"))
     head_steps: int = field(default=300, metadata=help_text("training steps of the noisy SS head"))
+    adapter_steps: int = field(default=400, metadata=help_text("training steps of the structure adapter (ours)"))
+    adapter_samples: int = field(default=32, metadata=help_text("structure-conditioned designs per seed"))
     gen_margin: float = field(default=0.3, metadata=help_text("claim 1: DPLM − MLM per-residue log-lik (issue)"))
     probe_mlm_margin: float = field(default=2.0, metadata=help_text("claim 2: DPLM ≥ MLM − this, points (issue)"))
     probe_ar_margin: float = field(default=3.0, metadata=help_text("claim 2: DPLM ≥ AR + this, points (issue)"))
@@ -79,13 +84,13 @@ class Config(ExperimentConfig):
         w = "Config"
         for name in ("length", "n_train", "n_val", "n_test", "hidden", "layers", "heads", "steps", "batch_size",
                      "tune_steps", "num_timesteps", "n_samples", "probe_train", "scaffold_samples",
-                     "guidance_samples", "head_steps"):
+                     "guidance_samples", "head_steps", "adapter_steps", "adapter_samples"):
             val.integer(w, name, getattr(self, name), minimum=1)
         val.integer(w, "warmup", self.warmup, minimum=0)
         if self.length < len(MOTIF) + 4:
             raise ValueError(f"{w}: length must be >= {len(MOTIF) + 4} to place the motif, got {self.length}")
-        if self.probe_train > self.n_train or self.n_test < 2:
-            raise ValueError(f"{w}: probe_train must be <= n_train and n_test >= 2")
+        if self.probe_train > self.n_train or self.adapter_samples > self.n_test:
+            raise ValueError(f"{w}: probe_train must be <= n_train and adapter_samples <= n_test")
         val.each(w, "lr_grid", self.lr_grid, val.positive)
         val.each(w, "guidance_scales", self.guidance_scales, val.non_negative)
         if self.guidance_scales[0] != 0 or list(self.guidance_scales) != sorted(set(self.guidance_scales)):
@@ -97,7 +102,8 @@ class Config(ExperimentConfig):
     def quick(cls) -> Config:
         return cls(seeds=(0, 1), length=24, n_train=600, n_val=64, n_test=64, hidden=32, layers=1, steps=60,
                    warmup=10, lr_grid=(2e-3,), tune_steps=20, n_samples=8, probe_train=32, scaffold_samples=8,
-                   guidance_scales=(0.0, 2.0), guidance_samples=8, head_steps=20)
+                   guidance_scales=(0.0, 2.0), guidance_samples=8, head_steps=20, adapter_steps=20,
+                   adapter_samples=8)
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -165,6 +171,12 @@ def scaffold_success(grammar: ProteinGrammar, tokens: torch.Tensor, starts: np.n
     return out
 
 
+def ss_agreement(grammar: ProteinGrammar, tokens: torch.Tensor, target: torch.Tensor) -> float:
+    """Fraction of residues whose oracle (posterior-argmax) structure equals the target structure string."""
+    ids = tokens_to_residue_ids(tokens.cpu()).numpy()
+    return float((grammar.ss_posterior(ids).argmax(-1) == target.cpu().numpy()).mean())
+
+
 def scaffold(net: torch.nn.Module, cfg: Config, starts: np.ndarray, seed: int) -> torch.Tensor:
     rows = [scaffold_init(MOTIF, length=cfg.length, start=int(s), num_samples=1, device=cfg.device) for s in starts]
     init, pm = (torch.cat(parts) for parts in zip(*rows))
@@ -221,6 +233,19 @@ def run_seed(cfg: Config, seed: int, lrs: dict[str, float]) -> tuple[dict[str, d
                          "min_helix_step": float(np.min(np.diff(curve["helix"]))) if len(curve["helix"]) > 1
                          else 0.0,
                          "gibberish_loglik_drop": curve["loglik"][0] - float(per_residue_ll(g, gib).mean())}
+    adapter = StructureAdapter(nets["diffusion"], max_length=cfg.length)
+    train_adapter(adapter, data["train"], data["train_ss"].to(cfg.device), steps=cfg.adapter_steps,
+                  batch_size=cfg.batch_size, generator=torch_generator(seed + 5))
+    target = data["test_ss"][:cfg.adapter_samples].to(cfg.device)
+    designs = reparam_decode(adapter.conditioned_on(target), masked_init(len(target), cfg.length, device=cfg.device),
+                             max_iter=cfg.length, generator=torch_generator(seed + 6))
+    uncond = generate(nets["diffusion"], length=cfg.length, num_samples=len(target),
+                      generator=torch_generator(seed + 6), device=cfg.device)
+    native = data["test"][:cfg.adapter_samples]
+    metrics["adapter"] = {"ss_agreement": ss_agreement(g, designs, target),
+                          "recovery": float((designs[:, 1:-1] == native[:, 1:-1]).float().mean())}
+    metrics["dplm"]["ss_agreement"] = ss_agreement(g, uncond, target)
+    metrics["dplm"]["recovery"] = float((uncond[:, 1:-1] == native[:, 1:-1]).float().mean())
     return metrics, {"curve": curve, "examples": {arm: decode(samples[arm][:3]) for arm in samples}}
 
 
@@ -263,6 +288,9 @@ def _checks(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
         one_sample_check(name="guidance keeps samples plausible: log-lik drop <= bound", metric="loglik_drop",
                          values=g("guided", "loglik_drop"), direction="<=", threshold=cfg.guidance_ll_bound,
                          kind="claim", arm="guided"),
+        rec.paired(name="structure adapter: designs follow the target structure better than unconditional samples",
+                   metric="ss_agreement", method_arm="adapter", baseline_arm="dplm", direction=">=", threshold=0.0,
+                   kind="claim", paper_value="inverse folding: DPLM-650M AAR 56.6%, scTM 0.86 (CATH 4.3)"),
         one_sample_check(name="the plausibility bound rejects guidance toward gibberish (all W)",
                          metric="gibberish_loglik_drop", values=g("guided", "gibberish_loglik_drop"),
                          direction=">=", threshold=cfg.guidance_ll_bound, kind="sanity", arm="guided"),

@@ -50,7 +50,8 @@ def train_structure_head(net: nn.Module, tokens: torch.Tensor, labels: torch.Ten
                          f"tokens {tuple(tokens.shape)}, got {tuple(labels.shape)}")
     v.integer(OWNER, "steps", steps, minimum=1)
     net.eval()
-    for p in net.parameters():
+    trainable = [p for p in net.parameters() if p.requires_grad]
+    for p in trainable:
         p.requires_grad_(False)
     d = _embedding_matrix(net).shape[1]
     head = nn.Linear(d, n_classes).to(tokens.device)
@@ -66,7 +67,7 @@ def train_structure_head(net: nn.Module, tokens: torch.Tensor, labels: torch.Ten
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    for p in net.parameters():
+    for p in trainable:
         p.requires_grad_(True)
     return head.eval()
 
