@@ -39,7 +39,7 @@ from icml24.dplm.guidance import StructureGuidance, TokenBiasGuidance, train_str
 from icml24.dplm.models import build_esm, residue_features
 from icml24.dplm.adapter import StructureAdapter, train_adapter
 from icml24.dplm.sampler import generate, generate_autoregressive, masked_init, reparam_decode, scaffold_init
-from icml24.dplm.tokens import TOKEN_ID, decode, residue_ids_to_tokens, tokens_to_residue_ids
+from icml24.dplm.tokens import TOKEN_ID, decode, encode, residue_ids_to_tokens, tokens_to_residue_ids
 from icml24.dplm.train import OBJECTIVES, autoregressive_nll, train_lm, validation_loss
 
 SLUG = "dplm"
@@ -49,6 +49,12 @@ ARMS = {"diffusion": "dplm", "mlm": "mlm", "ar": "ar"}  # objective -> arm name 
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
     seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=help_text("seeds (issue: >= 5)"))
+    tier: str = field(default="grammar", metadata=help_text(
+        "grammar (the synthetic protein grammar, all five parts) or pfam (slow variant: Pfam family members "
+        "emitted by pyhmmer; generation judged by hmmsearch, structure probes on the HMM's DSSP consensus)"))
+    pfam_family: str = field(default="PF02826", metadata=help_text("pyhmmer-shipped HMM of the pfam tier (notes §5.1)"))
+    pfam_hit_margin: float = field(default=0.3, metadata=help_text(
+        "pfam claim: DPLM − MLM hmmsearch hit rate (E < 1e-5) (issue)"))
     length: int = field(default=64, metadata=help_text("L, residues per grammar sequence (notes §5.4)"))
     n_train: int = field(default=8000, metadata=help_text("training sequences per seed (notes: 20k; 8k fits CPU)"))
     n_val: int = field(default=500, metadata=help_text("validation sequences (lr tuning)"))
@@ -82,6 +88,7 @@ class Config(ExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         w = "Config"
+        val.one_of(w, "tier", self.tier, ("grammar", "pfam"))
         for name in ("length", "n_train", "n_val", "n_test", "hidden", "layers", "heads", "steps", "batch_size",
                      "tune_steps", "num_timesteps", "n_samples", "probe_train", "scaffold_samples",
                      "guidance_samples", "head_steps", "adapter_steps", "adapter_samples"):
@@ -95,7 +102,7 @@ class Config(ExperimentConfig):
         val.each(w, "guidance_scales", self.guidance_scales, val.non_negative)
         if self.guidance_scales[0] != 0 or list(self.guidance_scales) != sorted(set(self.guidance_scales)):
             raise ValueError(f"{w}: guidance_scales must start at 0 and increase, got {self.guidance_scales!r}")
-        for name in ("gen_margin", "probe_mlm_margin", "probe_ar_margin", "guidance_ll_bound"):
+        for name in ("pfam_hit_margin", "gen_margin", "probe_mlm_margin", "probe_ar_margin", "guidance_ll_bound"):
             val.non_negative(w, name, getattr(self, name))
 
     @classmethod
@@ -106,7 +113,49 @@ class Config(ExperimentConfig):
                    adapter_samples=8)
 
 
+    @classmethod
+    def slow(cls) -> Config:
+        """The slow variant: the Pfam PF02826 tier (members of ~180 residues), generation and probes only.
+
+        CLI: ``icml24 run dplm --out results/dplm/slow_pfam --set tier=pfam --set length=180 --set n_train=3000
+        --set steps=1000 --set tune_steps=400 --set lr_grid=1e-3,2e-3 --set n_samples=48``
+        """
+        return cls(tier="pfam", length=180, n_train=3000, steps=1000, tune_steps=400, lr_grid=(1e-3, 2e-3),
+                   n_samples=48)
+
+
 # ---------------------------------------------------------------------------------------------- data
+PFAM_MAX_LENGTH = 220
+
+
+def model_max_length(cfg: Config) -> int:
+    return max(cfg.length, PFAM_MAX_LENGTH) if cfg.tier == "pfam" else cfg.length
+
+
+def pfam_data(cfg: Config, seed: int) -> dict[str, Any]:
+    """Family members emitted from the HMM (train / validation / test) with per-residue structure labels
+    (−1 on padding), padded to the longest member."""
+    from icml24.dplm.data import emit_family, pfam_hmm
+
+    hmm = pfam_hmm(cfg.pfam_family)
+    seqs, labels = emit_family(hmm, cfg.n_train + cfg.n_val + cfg.n_test, seed=10_000 + seed,
+                               max_length=PFAM_MAX_LENGTH)
+    tokens = encode(seqs).to(cfg.device)
+    lab = torch.full((len(seqs), tokens.shape[1] - 2), -1, dtype=torch.long)
+    for i, l in enumerate(labels):
+        lab[i, :len(l)] = torch.as_tensor(l)
+    cuts = {"train": slice(0, cfg.n_train), "val": slice(cfg.n_train, cfg.n_train + cfg.n_val),
+            "test": slice(cfg.n_train + cfg.n_val, None)}
+    out: dict[str, Any] = {"hmm": hmm, "test_seqs": seqs[cuts["test"]]}
+    for name, cut in cuts.items():
+        out[name], out[name + "_ss"] = tokens[cut], lab[cut]
+    return out
+
+
+def tier_data(cfg: Config, seed: int) -> dict[str, Any]:
+    return pfam_data(cfg, seed) if cfg.tier == "pfam" else grammar_data(cfg, seed)
+
+
 def grammar_data(cfg: Config, seed: int) -> dict[str, Any]:
     """Train / validation / test token sets with their state paths, drawn from the grammar."""
     g = ProteinGrammar()
@@ -131,7 +180,7 @@ def per_residue_ll(grammar: ProteinGrammar, tokens: torch.Tensor) -> np.ndarray:
 
 def _train(cfg: Config, objective: str, tokens: torch.Tensor, *, lr: float, steps: int, seed: int) -> torch.nn.Module:
     seed_everything(seed)
-    net = build_esm(hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_length=cfg.length,
+    net = build_esm(hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_length=model_max_length(cfg),
                     causal=objective == "ar").to(cfg.device)
     train_lm(net, tokens, objective=objective, steps=steps, batch_size=cfg.batch_size, lr=lr,
              warmup=min(cfg.warmup, steps - 1), num_timesteps=cfg.num_timesteps, generator=torch_generator(seed))
@@ -150,11 +199,17 @@ def tune_lrs(cfg: Config, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 # ---------------------------------------------------------------------------------------------- evaluations
 def probe_accuracy(net: torch.nn.Module, data: dict[str, Any], n_fit: int) -> float:
-    """Per-residue 3-state SS accuracy (%) of a logistic-regression probe on frozen features (fit on train)."""
-    f_tr = residue_features(net, data["train"][:n_fit]).reshape(-1, net.config.hidden_size).cpu().numpy()
-    f_te = residue_features(net, data["test"]).reshape(-1, net.config.hidden_size).cpu().numpy()
-    clf = LogisticRegression(max_iter=300).fit(f_tr, data["train_ss"][:n_fit].reshape(-1).numpy())
-    return float((clf.predict(f_te) == data["test_ss"].reshape(-1).numpy()).mean() * 100)
+    """Per-residue 3-state SS accuracy (%) of a logistic-regression probe on frozen features (fit on train;
+    labels −1 mark padding)."""
+    def flat(tokens: torch.Tensor, labels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        f = residue_features(net, tokens).reshape(-1, net.config.hidden_size).cpu().numpy()
+        y = labels.reshape(-1).numpy()
+        return f[y >= 0], y[y >= 0]
+
+    f_tr, y_tr = flat(data["train"][:n_fit], data["train_ss"][:n_fit])
+    f_te, y_te = flat(data["test"], data["test_ss"])
+    clf = LogisticRegression(max_iter=300).fit(f_tr, y_tr)
+    return float((clf.predict(f_te) == y_te).mean() * 100)
 
 
 def scaffold_success(grammar: ProteinGrammar, tokens: torch.Tensor, starts: np.ndarray, ll_floor: float
@@ -189,13 +244,7 @@ def run_seed(cfg: Config, seed: int, lrs: dict[str, float]) -> tuple[dict[str, d
     nets = {obj: _train(cfg, obj, data["train"], lr=lrs[obj], steps=cfg.steps, seed=seed) for obj in OBJECTIVES}
     test_ll = per_residue_ll(g, data["test"])
     metrics: dict[str, dict[str, Any]] = {"data": {"loglik": float(test_ll.mean())}}
-    samples = {
-        "dplm": generate(nets["diffusion"], length=cfg.length, num_samples=cfg.n_samples,
-                         generator=torch_generator(seed + 1), device=cfg.device),
-        "mlm": generate(nets["mlm"], length=cfg.length, num_samples=cfg.n_samples,
-                        generator=torch_generator(seed + 1), device=cfg.device),
-        "ar": generate_autoregressive(nets["ar"], length=cfg.length, num_samples=cfg.n_samples,
-                                      generator=torch_generator(seed + 1), device=cfg.device)}
+    samples = _unconditional_samples(cfg, nets, seed)
     for obj, arm in ARMS.items():
         metrics[arm] = {"loglik": float(per_residue_ll(g, samples[arm]).mean()),
                         "probe_acc": probe_accuracy(nets[obj], data, cfg.probe_train),
@@ -249,20 +298,50 @@ def run_seed(cfg: Config, seed: int, lrs: dict[str, float]) -> tuple[dict[str, d
     return metrics, {"curve": curve, "examples": {arm: decode(samples[arm][:3]) for arm in samples}}
 
 
+def run_seed_pfam(cfg: Config, seed: int, lrs: dict[str, float]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The Pfam tier: hmmsearch hit rates of generated sequences and structure probes."""
+    from icml24.dplm.data import hmm_hits
+
+    data = pfam_data(cfg, seed)
+    hmm = data["hmm"]
+    nets = {obj: _train(cfg, obj, data["train"], lr=lrs[obj], steps=cfg.steps, seed=seed) for obj in OBJECTIVES}
+    samples = _unconditional_samples(cfg, nets, seed)
+    rng = numpy_generator(30_000 + seed)
+    shuffled = ["".join(rng.permutation(list(s))) for s in data["test_seqs"]]
+    metrics: dict[str, dict[str, Any]] = {"data": {"hit_rate": float(hmm_hits(hmm, data["test_seqs"])[0].mean()),
+                                                   "shuffled_hit_rate": float(hmm_hits(hmm, shuffled)[0].mean())}}
+    for obj, arm in ARMS.items():
+        hits, bits = hmm_hits(hmm, decode(samples[arm]))
+        metrics[arm] = {"hit_rate": float(hits.mean()), "median_bits": float(np.median(bits)),
+                        "probe_acc": probe_accuracy(nets[obj], data, cfg.probe_train),
+                        "val_loss": validation_loss(nets[obj], data["val"], obj, num_timesteps=cfg.num_timesteps)}
+    return metrics, {"examples": {arm: decode(samples[arm][:3]) for arm in samples}}
+
+
+def _unconditional_samples(cfg: Config, nets: dict[str, torch.nn.Module], seed: int) -> dict[str, torch.Tensor]:
+    """``n_samples`` of ``length`` residues per model: one decoder for DPLM and the MLM, left to right for AR."""
+    kw = dict(length=cfg.length, num_samples=cfg.n_samples, device=cfg.device)
+    return {"dplm": generate(nets["diffusion"], generator=torch_generator(seed + 1), **kw),
+            "mlm": generate(nets["mlm"], generator=torch_generator(seed + 1), **kw),
+            "ar": generate_autoregressive(nets["ar"], generator=torch_generator(seed + 1), **kw)}
+
+
 # ---------------------------------------------------------------------------------------------- run
 def run(cfg: Config, out_dir: Path) -> RunResult:
     out_dir = Path(out_dir)
     rec = RunRecorder(SLUG, cfg, out_dir)
-    tuning = tune_lrs(cfg, grammar_data(cfg, 0))
+    tuning = tune_lrs(cfg, tier_data(cfg, 0))
     lrs = {obj: t["lr"] for obj, t in tuning.items()}
     curves, examples = {}, {}
     for seed in cfg.seeds:
-        metrics, extra = run_seed(cfg, seed, lrs)
+        metrics, extra = (run_seed_pfam if cfg.tier == "pfam" else run_seed)(cfg, seed, lrs)
         rec.add_seed(seed, metrics)
-        curves[seed], examples[seed] = extra["curve"], extra["examples"]
+        curves[seed], examples[seed] = extra.get("curve"), extra["examples"]
 
-    checks = _checks(cfg, rec)
-    artifacts = _plots(cfg, rec, curves, out_dir)
+    if cfg.tier == "pfam":
+        checks, artifacts = _checks_pfam(cfg, rec), _plots_pfam(rec, out_dir)
+    else:
+        checks, artifacts = _checks(cfg, rec), _plots(cfg, rec, curves, out_dir)
     return rec.finish(checks, artifacts=artifacts, extra={"tuning": tuning, "guidance_curves": curves,
                                                           "sample_examples": examples})
 
@@ -332,3 +411,37 @@ def _plots(cfg: Config, rec: RunRecorder, curves: dict[int, dict[str, list[float
     ax1.legend(fontsize=7)
     p2 = save_figure(fig, out_dir / "guidance.png")
     return [p1, p2]
+
+
+def _checks_pfam(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
+    g = rec.values
+    return [
+        rec.paired(name="Pfam generation: DPLM hit rate exceeds the MLM sampler's", metric="hit_rate",
+                   method_arm="dplm", baseline_arm="mlm", direction=">=", threshold=cfg.pfam_hit_margin,
+                   kind="claim", paper_value="DPLM pLDDT ≫ ESM-2 / EvoDiff samples"),
+        rec.paired(name="Pfam representation: DPLM probe no worse than MLM by > 2 pt", metric="probe_acc",
+                   method_arm="dplm", baseline_arm="mlm", direction=">=", threshold=-cfg.probe_mlm_margin,
+                   kind="claim"),
+        rec.paired(name="Pfam representation: DPLM probe beats AR by >= 3 pt", metric="probe_acc",
+                   method_arm="dplm", baseline_arm="ar", direction=">=", threshold=cfg.probe_ar_margin,
+                   kind="claim"),
+        one_sample_check(name="the oracle accepts held-out family members (hit rate >= 0.9)", metric="hit_rate",
+                         values=g("data", "hit_rate"), direction=">=", threshold=0.9, kind="sanity", arm="data"),
+        one_sample_check(name="the oracle rejects shuffled members (hit rate <= 0.1)", metric="shuffled_hit_rate",
+                         values=g("data", "shuffled_hit_rate"), direction="<=", threshold=0.1, kind="sanity",
+                         arm="data"),
+        rec.paired(name="Pfam generation: DPLM vs AR hit rate (reported)", metric="hit_rate", method_arm="dplm",
+                   baseline_arm="ar", direction=">=", threshold=0.0, kind="mechanism"),
+    ]
+
+
+def _plots_pfam(rec: RunRecorder, out_dir: Path) -> list[Path]:
+    arms = ("data", "dplm", "mlm", "ar")
+    fig, (ax1, ax2) = new_figure(2)
+    hit = [rec.values(a, "hit_rate") for a in arms]
+    ax1.bar(arms, [np.mean(v) for v in hit], color=["grey", "C0", "C1", "C2"])
+    ax1.set_ylabel("hmmsearch hit rate (E < 1e-5)")
+    probe = [rec.values(a, "probe_acc") for a in arms[1:]]
+    ax2.bar(arms[1:], [np.mean(v) for v in probe], color=["C0", "C1", "C2"])
+    ax2.set_ylabel("structure probe accuracy (%)")
+    return [save_figure(fig, out_dir / "pfam.png")]
