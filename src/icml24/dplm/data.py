@@ -53,7 +53,7 @@ def emit_family(hmm, n: int, *, seed: int, max_length: int) -> tuple[list[str], 
     cs = hmm.consensus_structure
     if cs is None:
         raise ValueError(f"{OWNER}: HMM {hmm.name!r} has no consensus-structure line")
-    rng = pyhmmer.easel.Randomness(seed)
+    rng = pyhmmer.easel.Randomness(seed + 1)  # Easel reads seed 0 as "seed from the clock"
     seqs: list[str] = []
     labels: list[np.ndarray] = []
     while len(seqs) < n:
