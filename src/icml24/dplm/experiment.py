@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
 from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig, help_text
@@ -208,7 +210,7 @@ def probe_accuracy(net: torch.nn.Module, data: dict[str, Any], n_fit: int) -> fl
 
     f_tr, y_tr = flat(data["train"][:n_fit], data["train_ss"][:n_fit])
     f_te, y_te = flat(data["test"], data["test_ss"])
-    clf = LogisticRegression(max_iter=300).fit(f_tr, y_tr)
+    clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(f_tr, y_tr)
     return float((clf.predict(f_te) == y_te).mean() * 100)
 
 
