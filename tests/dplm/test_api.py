@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
-from icml24.dplm import (MOTIF, DiffusionProteinLM, ProteinGrammar, StructureGuidance, TokenBiasGuidance,
+from icml24.dplm import (MOTIF, DiffusionProteinLM, ProteinGrammar, StructureGuidance,
                          build_esm, decode, diffusion_loss, encode, generate, generate_autoregressive,
                          loss_weight, mlm_inputs, q_sample, reparam_decode, scaffold_init, train_structure_head)
 from icml24.dplm.sampler import gumbel_like, masked_init, schedule
@@ -222,8 +222,7 @@ def test_grammar_bad_input():
 
 
 def test_guidance_gradient_points_toward_the_target(net):
-    """With a head reading helix off one embedding direction, guidance raises the logits of the tokens whose
-    embedding moves along it; the token-bias control adds exactly η to one token."""
+    """Guidance is η times the gradient on the one-hot input: zero at η = 0, linear in η."""
     x = masked_init(2, 8)
     tokens = encode(["ALALALAL"] * 8)
     labels = torch.zeros(8, 8, dtype=torch.long)
@@ -233,9 +232,10 @@ def test_guidance_gradient_points_toward_the_target(net):
     delta = StructureGuidance(net, head, target=0, scale=2.0)(x, logits)
     assert delta.shape == logits.shape and delta.abs().sum() > 0
     assert torch.equal(StructureGuidance(net, head, target=0, scale=0.0)(x, logits), torch.zeros_like(logits))
+    assert torch.allclose(StructureGuidance(net, head, target=0, scale=4.0)(x, logits), 2 * delta, atol=1e-6)
+    with pytest.raises(ValueError, match="one class per residue"):
+        StructureGuidance(net, head, target=[0, 1], scale=1.0)(x, logits)
     assert all(p.requires_grad for p in net.parameters())  # the head's training froze the net only meanwhile
-    bias = TokenBiasGuidance(22, scale=1.5)(x, logits)
-    assert bias[..., 22].eq(1.5).all() and bias.sum() == 1.5 * 2 * 10
     with pytest.raises(ValueError, match="labels"):
         train_structure_head(net, tokens, labels[:, :4], steps=1)
 

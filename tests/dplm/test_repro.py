@@ -19,10 +19,10 @@ def test_quick_run_writes_a_complete_result(quick):
     res, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["slug"] == "dplm" and d["mode"] == "quick" and d["seeds"] == [0, 1]
-    assert {"data", "dplm", "mlm", "ar", "guided"} <= set(d["summary"])
+    assert {"data", "dplm", "mlm", "ar", "dplm_scratch", "guided", "adapter"} <= set(d["summary"])
     for name in ("generation_probes.png", "guidance.png"):
         assert (out / name).stat().st_size > 1000
-    assert set(d["extra"]["tuning"]) == {"diffusion", "mlm", "ar"}
+    assert set(d["extra"]["tuning"]) == {"dplm", "mlm", "ar"}
 
 
 def test_checks_are_labelled_and_paired(quick):
@@ -30,7 +30,7 @@ def test_checks_are_labelled_and_paired(quick):
     kinds = {c.metric + ":" + (c.baseline_arm or ""): c.kind for c in res.claim_checks}
     assert kinds["loglik:mlm"] == kinds["probe_acc:mlm"] == kinds["probe_acc:ar"] == "claim"
     assert kinds["scaffold_success:mlm"] == kinds["helix_gain:"] == kinds["loglik_drop:"] == "claim"
-    assert kinds["gibberish_loglik_drop:"] == kinds["ar_excess_nll:"] == "sanity"
+    assert kinds["unrealisable_loglik_drop:"] == kinds["ar_excess_nll:"] == "sanity"
     c = next(c for c in res.claim_checks if c.metric == "loglik" and c.baseline_arm == "mlm")
     d = [r["metrics"]["dplm"]["loglik"] - r["metrics"]["mlm"]["loglik"] for r in res.per_seed]
     assert c.measured == pytest.approx(sum(d) / len(d)) and c.n == 2

@@ -7,13 +7,13 @@ likelihoods for evaluation.
 
 from icml24.dplm.diffusion import DiffusionProteinLM, diffusion_loss, loss_weight, mlm_inputs, q_sample
 from icml24.dplm.grammar import MOTIF, SS_CLASSES, ProteinGrammar
-from icml24.dplm.guidance import StructureGuidance, TokenBiasGuidance, train_structure_head
+from icml24.dplm.guidance import StructureGuidance, train_structure_head
 from icml24.dplm.models import build_esm, residue_features
 from icml24.dplm.sampler import generate, generate_autoregressive, masked_init, reparam_decode, scaffold_init
 from icml24.dplm.tokens import AMINO_ACIDS, decode, encode
 from icml24.dplm.train import train_lm
 
 __all__ = ["AMINO_ACIDS", "MOTIF", "SS_CLASSES", "DiffusionProteinLM", "ProteinGrammar", "StructureGuidance",
-           "TokenBiasGuidance", "build_esm", "decode", "diffusion_loss", "encode", "generate",
+           "build_esm", "decode", "diffusion_loss", "encode", "generate",
            "generate_autoregressive", "loss_weight", "masked_init", "mlm_inputs", "q_sample", "reparam_decode",
            "residue_features", "scaffold_init", "train_lm", "train_structure_head"]

@@ -101,15 +101,3 @@ class StructureGuidance:
         (grad,) = torch.autograd.grad(logp.sum(), onehot)
         return self.scale * grad.masked_fill((x == PAD).unsqueeze(-1), 0.0)
 
-
-class TokenBiasGuidance:
-    """A negative control: push every position toward one residue with strength η (a target no protein meets)."""
-
-    def __init__(self, token_id: int, *, scale: float) -> None:
-        self.token_id = v.integer(OWNER, "token_id", token_id, minimum=0)
-        self.scale = v.non_negative(OWNER, "scale", scale)
-
-    def __call__(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        delta = torch.zeros_like(logits)
-        delta[..., self.token_id] = self.scale
-        return delta
