@@ -27,11 +27,14 @@ def test_quick_run_writes_a_complete_result(quick):
 
 def test_checks_are_labelled_and_paired(quick):
     res, _ = quick
-    kinds = {c.metric + ":" + (c.baseline_arm or ""): c.kind for c in res.claim_checks}
-    assert kinds["loglik:mlm"] == kinds["probe_acc:mlm"] == kinds["probe_acc:ar"] == "claim"
-    assert kinds["scaffold_success:mlm"] == kinds["helix_gain:"] == kinds["loglik_drop:"] == "claim"
-    assert kinds["unrealisable_loglik_drop:"] == kinds["ar_excess_nll:"] == "sanity"
-    c = next(c for c in res.claim_checks if c.metric == "loglik" and c.baseline_arm == "mlm")
+    kinds = {(c.method_arm, c.metric, c.baseline_arm): c.kind for c in res.claim_checks}
+    claims = {k for k, kind in kinds.items() if kind == "claim"}
+    assert claims == {("dplm", "loglik", "mlm"), ("dplm", "probe_acc", "mlm"), ("dplm", "probe_acc", "ar"),
+                      ("dplm", "scaffold_success", "mlm"), ("guided", "helix_gain", None),
+                      ("guided", "loglik_drop", None), ("adapter", "ss_agreement", "dplm")}
+    assert kinds[("guided", "unrealisable_loglik_drop", None)] == kinds[("ar", "ar_excess_nll", None)] == "sanity"
+    assert kinds[("dplm_scratch", "loglik", "mlm")] == "mechanism"
+    c = next(c for c in res.claim_checks if c.metric == "loglik" and c.method_arm == "dplm" and c.baseline_arm == "mlm")
     d = [r["metrics"]["dplm"]["loglik"] - r["metrics"]["mlm"]["loglik"] for r in res.per_seed]
     assert c.measured == pytest.approx(sum(d) / len(d)) and c.n == 2
     # held-out data are far more likely under the grammar than uniform residues (log 1/20 = -3.0)
