@@ -1,0 +1,484 @@
+"""Reproduction of "Diffusion Language Models Are Versatile Protein Learners" (DPLM, arXiv 2402.18567) on the
+synthetic protein grammar, where likelihoods and secondary structure are known exactly (notes §5.3–5.4).
+
+Per seed: a grammar dataset (train / validation / test), three models of one ESM-style backbone trained on the
+same sequences for the same steps — DPLM (diffusion), masked LM (ESM-2 objective), autoregressive LM —, each
+objective's lr tuned on seed 0's validation split with the same grid, then:
+
+1. generation: mean per-residue true log-likelihood of samples (DPLM and the MLM with the same sampler; AR
+   left-to-right); claim DPLM − MLM ≥ 0.3 nats;
+2. representations: linear probes of per-residue secondary structure on frozen features; claims DPLM ≥ MLM − 2
+   points and DPLM ≥ AR + 3 points;
+3. motif scaffolding: the grammar's motif fixed mid-sequence; success = the grammar places the motif in a motif
+   segment (posterior ≥ 0.5) and the sequence is as likely as the 5% least likely held-out sequences;
+   claim DPLM > MLM;
+4. classifier guidance toward all-helix: claims the oracle helix fraction rises from η = 0 to the largest η
+   while the log-likelihood drops by ≤ ``guidance_ll_bound`` nats; a negative control (guidance toward an
+   all-W sequence) must break that bound (``sanity``);
+5. a structure adapter on the frozen DPLM: claim its designs' oracle structure agrees with held-out target
+   structure strings more often than unconditional DPLM samples do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from icml24.common import validate as val
+from icml24.common.config import ExperimentConfig, help_text
+from icml24.common.plotting import new_figure, save_figure
+from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check, paired_check
+from icml24.common.seeding import numpy_generator, seed_everything, torch_generator
+from icml24.dplm.grammar import MOTIF, SS_CLASSES, ProteinGrammar
+from icml24.dplm.guidance import StructureGuidance, train_structure_head
+from icml24.dplm.models import build_esm, residue_features
+from icml24.dplm.adapter import StructureAdapter, train_adapter
+from icml24.dplm.sampler import generate, generate_autoregressive, masked_init, reparam_decode, scaffold_init
+from icml24.dplm.tokens import decode, encode, residue_ids_to_tokens, tokens_to_residue_ids
+from icml24.dplm.train import autoregressive_nll, train_lm, validation_loss
+
+SLUG = "dplm"
+# arm -> (objective, whether it starts with masked-LM pretraining for ``mlm_warm_start`` of the steps)
+ARMS = {"dplm": ("diffusion", True), "mlm": ("mlm", False), "ar": ("ar", False)}
+SCRATCH = ("diffusion", False)  # DPLM without the masked-LM stage (reported beside the official recipe)
+
+
+@dataclass(frozen=True)
+class Config(ExperimentConfig):
+    seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=help_text("seeds (issue: >= 5)"))
+    tier: str = field(default="grammar", metadata=help_text(
+        "grammar (the synthetic protein grammar, all five parts) or pfam (slow variant: Pfam family members "
+        "emitted by pyhmmer; generation judged by hmmsearch, structure probes on the HMM's DSSP consensus)"))
+    pfam_family: str = field(default="PF02826", metadata=help_text("pyhmmer-shipped HMM of the pfam tier (notes §5.1)"))
+    pfam_hit_margin: float = field(default=0.3, metadata=help_text(
+        "pfam claim: DPLM − MLM hmmsearch hit rate (E < 1e-5) (issue)"))
+    length: int = field(default=64, metadata=help_text("L, residues per grammar sequence (notes §5.4)"))
+    n_train: int = field(default=8000, metadata=help_text("training sequences per seed (notes: 20k; 8k fits CPU)"))
+    n_val: int = field(default=500, metadata=help_text("validation sequences (lr tuning)"))
+    n_test: int = field(default=500, metadata=help_text("held-out sequences (probes, reference likelihood)"))
+    hidden: int = field(default=64, metadata=help_text("d of the ESM backbone (notes §5.4 CI config: 64)"))
+    layers: int = field(default=2, metadata=help_text("transformer layers (notes §5.4 CI config: 2)"))
+    heads: int = field(default=4, metadata=help_text("attention heads"))
+    steps: int = field(default=800, metadata=help_text("training steps, equal for every arm (ours; sized to the CPU budget)"))
+    batch_size: int = field(default=32, metadata=help_text("B (notes §5.4)"))
+    warmup: int = field(default=100, metadata=help_text("linear warmup steps (notes §5.4: 200 at 3000 steps)"))
+    lr_grid: tuple[float, ...] = field(default=(1e-3, 2e-3), metadata=help_text(
+        "lr grid, tuned per arm on seed 0's validation loss (notes §5.4: 1e-3)"))
+    mlm_warm_start: float = field(default=0.5, metadata=help_text(
+        "fraction of DPLM's steps spent on the masked-LM objective before the diffusion objective (official "
+        "two-stage recipe: ESM-2 init, then diffusion; notes §2.4); total steps equal every arm's"))
+    tune_steps: int = field(default=400, metadata=help_text("steps of each tuning run (half the budget, ours)"))
+    num_timesteps: int = field(default=500, metadata=help_text("T of the diffusion (official 500)"))
+    n_samples: int = field(default=64, metadata=help_text("generated sequences per model and seed"))
+    probe_train: int = field(default=300, metadata=help_text("sequences for fitting the SS probes"))
+    scaffold_samples: int = field(default=32, metadata=help_text("scaffolds per model and seed"))
+    guidance_scales: tuple[float, ...] = field(default=(0.0, 1.0, 2.0, 4.0), metadata=help_text(
+        "η values of classifier guidance, increasing from 0 (notes §5.4: {0, 1, 2, 4})"))
+    guidance_samples: int = field(default=32, metadata=help_text("guided samples per η and seed"))
+    head_steps: int = field(default=300, metadata=help_text("training steps of the noisy SS head"))
+    adapter_steps: int = field(default=400, metadata=help_text("training steps of the structure adapter (ours)"))
+    adapter_samples: int = field(default=32, metadata=help_text("structure-conditioned designs per seed"))
+    gen_margin: float = field(default=0.3, metadata=help_text("claim 1: DPLM − MLM per-residue log-lik (issue)"))
+    probe_mlm_margin: float = field(default=2.0, metadata=help_text("claim 2: DPLM ≥ MLM − this, points (issue)"))
+    probe_ar_margin: float = field(default=3.0, metadata=help_text("claim 2: DPLM ≥ AR + this, points (issue)"))
+    guidance_ll_bound: float = field(default=0.5, metadata=help_text(
+        "claim 4: largest allowed mean log-lik drop (nats/residue) under guidance; a third of the data-vs-uniform "
+        "gap of the grammar (≈1.4 nats), fixed before the first full run"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        w = "Config"
+        val.one_of(w, "tier", self.tier, ("grammar", "pfam"))
+        for name in ("length", "n_train", "n_val", "n_test", "hidden", "layers", "heads", "steps", "batch_size",
+                     "tune_steps", "num_timesteps", "n_samples", "probe_train", "scaffold_samples",
+                     "guidance_samples", "head_steps", "adapter_steps", "adapter_samples"):
+            val.integer(w, name, getattr(self, name), minimum=1)
+        val.integer(w, "warmup", self.warmup, minimum=0)
+        if self.length < len(MOTIF) + 4:
+            raise ValueError(f"{w}: length must be >= {len(MOTIF) + 4} to place the motif, got {self.length}")
+        if self.probe_train > self.n_train or self.adapter_samples > self.n_test:
+            raise ValueError(f"{w}: probe_train must be <= n_train and adapter_samples <= n_test")
+        val.each(w, "lr_grid", self.lr_grid, val.positive)
+        val.each(w, "guidance_scales", self.guidance_scales, val.non_negative)
+        if self.guidance_scales[0] != 0 or list(self.guidance_scales) != sorted(set(self.guidance_scales)):
+            raise ValueError(f"{w}: guidance_scales must start at 0 and increase, got {self.guidance_scales!r}")
+        val.probability(w, "mlm_warm_start", self.mlm_warm_start, open_high=True)
+        for name in ("pfam_hit_margin", "gen_margin", "probe_mlm_margin", "probe_ar_margin", "guidance_ll_bound"):
+            val.non_negative(w, name, getattr(self, name))
+
+    @classmethod
+    def quick(cls) -> Config:
+        return cls(seeds=(0, 1), length=24, n_train=600, n_val=64, n_test=64, hidden=32, layers=1, steps=60,
+                   warmup=10, lr_grid=(2e-3,), tune_steps=20, n_samples=8, probe_train=32, scaffold_samples=8,
+                   guidance_scales=(0.0, 2.0), guidance_samples=8, head_steps=20, adapter_steps=20,
+                   adapter_samples=8)
+
+
+    @classmethod
+    def slow(cls) -> Config:
+        """The slow variant: the Pfam PF02826 tier (members of ~180 residues), generation and probes only.
+
+        CLI: ``icml24 run dplm --out results/dplm/slow_pfam --set tier=pfam --set length=180 --set n_train=3000
+        --set steps=1000 --set tune_steps=400 --set lr_grid=1e-3,2e-3 --set n_samples=48``
+        """
+        return cls(tier="pfam", length=180, n_train=3000, steps=1000, tune_steps=400, lr_grid=(1e-3, 2e-3),
+                   n_samples=48)
+
+
+# ---------------------------------------------------------------------------------------------- data
+PFAM_MAX_LENGTH = 220
+
+
+def model_max_length(cfg: Config) -> int:
+    return max(cfg.length, PFAM_MAX_LENGTH) if cfg.tier == "pfam" else cfg.length
+
+
+def pfam_data(cfg: Config, seed: int) -> dict[str, Any]:
+    """Family members emitted from the HMM (train / validation / test) with per-residue structure labels
+    (−1 on padding), padded to the longest member."""
+    from icml24.dplm.data import emit_family, pfam_hmm
+
+    hmm = pfam_hmm(cfg.pfam_family)
+    seqs, labels = emit_family(hmm, cfg.n_train + cfg.n_val + cfg.n_test, seed=10_000 + seed,
+                               max_length=PFAM_MAX_LENGTH)
+    tokens = encode(seqs).to(cfg.device)
+    lab = torch.full((len(seqs), tokens.shape[1] - 2), -1, dtype=torch.long)
+    for i, l in enumerate(labels):
+        lab[i, :len(l)] = torch.as_tensor(l)
+    cuts = {"train": slice(0, cfg.n_train), "val": slice(cfg.n_train, cfg.n_train + cfg.n_val),
+            "test": slice(cfg.n_train + cfg.n_val, None)}
+    out: dict[str, Any] = {"hmm": hmm, "test_seqs": seqs[cuts["test"]]}
+    for name, cut in cuts.items():
+        out[name], out[name + "_ss"] = tokens[cut], lab[cut]
+    return out
+
+
+def tier_data(cfg: Config, seed: int) -> dict[str, Any]:
+    return pfam_data(cfg, seed) if cfg.tier == "pfam" else grammar_data(cfg, seed)
+
+
+def grammar_data(cfg: Config, seed: int) -> dict[str, Any]:
+    """Train / validation / test token sets with their state paths, drawn from the grammar."""
+    g = ProteinGrammar()
+    rng = numpy_generator(10_000 + seed)
+    out: dict[str, Any] = {"grammar": g}
+    for name, n in (("train", cfg.n_train), ("val", cfg.n_val), ("test", cfg.n_test)):
+        x, states = g.sample(n, cfg.length, rng=rng)
+        out[name] = residue_ids_to_tokens(torch.as_tensor(x)).to(cfg.device)
+        out[name + "_ss"] = torch.as_tensor(g.ss_labels(states))
+    return out
+
+
+def per_residue_ll(grammar: ProteinGrammar, tokens: torch.Tensor) -> np.ndarray:
+    """Exact mean per-residue log p(x) of generated token rows (a non-residue token is a defect: −inf)."""
+    ids = tokens_to_residue_ids(tokens.cpu()).numpy()
+    bad = (ids < 0).any(1)
+    ll = np.full(len(ids), -np.inf)
+    if (~bad).any():
+        ll[~bad] = grammar.log_likelihood(ids[~bad]) / ids.shape[1]
+    return ll
+
+
+def _train(cfg: Config, arm: tuple[str, bool], tokens: torch.Tensor, *, lr: float, steps: int, seed: int
+           ) -> torch.nn.Module:
+    objective, warm = arm
+    seed_everything(seed)
+    net = build_esm(hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_length=model_max_length(cfg),
+                    causal=objective == "ar").to(cfg.device)
+    g = torch_generator(seed)
+    stages = [(objective, steps)]
+    if warm and cfg.mlm_warm_start > 0:
+        first = int(round(cfg.mlm_warm_start * steps))
+        stages = [("mlm", first), (objective, steps - first)]
+    for obj, n in stages:
+        if n > 0:
+            train_lm(net, tokens, objective=obj, steps=n, batch_size=cfg.batch_size, lr=lr,
+                     warmup=min(cfg.warmup, n - 1), num_timesteps=cfg.num_timesteps, generator=g)
+    return net
+
+
+def tune_lrs(cfg: Config, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each arm's lr: the grid value with the lowest validation loss of its own objective (same grid and steps
+    for every arm)."""
+    out = {}
+    for name, arm in ARMS.items():
+        losses = {lr: validation_loss(_train(cfg, arm, data["train"], lr=lr, steps=cfg.tune_steps, seed=0),
+                                      data["val"], arm[0], num_timesteps=cfg.num_timesteps) for lr in cfg.lr_grid}
+        out[name] = {"lr": min(losses, key=losses.get), "val_loss": {str(k): v for k, v in losses.items()}}
+    return out
+
+
+def _train_arms(cfg: Config, data: dict[str, Any], lrs: dict[str, float], seed: int) -> dict[str, torch.nn.Module]:
+    nets = {name: _train(cfg, arm, data["train"], lr=lrs[name], steps=cfg.steps, seed=seed)
+            for name, arm in ARMS.items()}
+    nets["dplm_scratch"] = _train(cfg, SCRATCH, data["train"], lr=lrs["dplm"], steps=cfg.steps, seed=seed)
+    return nets
+
+
+def _arm_metrics(cfg: Config, nets: dict[str, torch.nn.Module], data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name, net in nets.items():
+        objective = ARMS.get(name, SCRATCH)[0]
+        out[name] = {"probe_acc": probe_accuracy(net, data, cfg.probe_train),
+                     "val_loss": validation_loss(net, data["val"], objective, num_timesteps=cfg.num_timesteps)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- evaluations
+def probe_accuracy(net: torch.nn.Module, data: dict[str, Any], n_fit: int) -> float:
+    """Per-residue 3-state SS accuracy (%) of a logistic-regression probe on frozen features (fit on train;
+    labels −1 mark padding)."""
+    def flat(tokens: torch.Tensor, labels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        f = residue_features(net, tokens).reshape(-1, net.config.hidden_size).cpu().numpy()
+        y = labels.reshape(-1).numpy()
+        return f[y >= 0], y[y >= 0]
+
+    f_tr, y_tr = flat(data["train"][:n_fit], data["train_ss"][:n_fit])
+    f_te, y_te = flat(data["test"], data["test_ss"])
+    clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(f_tr, y_tr)
+    return float((clf.predict(f_te) == y_te).mean() * 100)
+
+
+def scaffold_success(grammar: ProteinGrammar, tokens: torch.Tensor, starts: np.ndarray, ll_floor: float
+                     ) -> np.ndarray:
+    """1 where the motif sits in a motif segment (mean posterior ≥ 0.5) and log-lik/residue ≥ ``ll_floor``."""
+    ids = tokens_to_residue_ids(tokens.cpu()).numpy()
+    ok = (ids >= 0).all(1)
+    out = np.zeros(len(ids))
+    if ok.any():
+        post = grammar.motif_posterior(ids[ok])
+        in_motif = np.array([post[i, s:s + len(MOTIF)].mean() for i, s in enumerate(starts[ok])])
+        ll = grammar.log_likelihood(ids[ok]) / ids.shape[1]
+        out[ok] = (in_motif >= 0.5) & (ll >= ll_floor)
+    return out
+
+
+def ss_agreement(grammar: ProteinGrammar, tokens: torch.Tensor, target: torch.Tensor) -> float:
+    """Fraction of residues whose oracle (posterior-argmax) structure equals the target structure string."""
+    ids = tokens_to_residue_ids(tokens.cpu()).numpy()
+    return float((grammar.ss_posterior(ids).argmax(-1) == target.cpu().numpy()).mean())
+
+
+def scaffold(net: torch.nn.Module, cfg: Config, starts: np.ndarray, seed: int) -> torch.Tensor:
+    rows = [scaffold_init(MOTIF, length=cfg.length, start=int(s), num_samples=1, device=cfg.device) for s in starts]
+    init, pm = (torch.cat(parts) for parts in zip(*rows))
+    return reparam_decode(net, init, partial_mask=pm, max_iter=cfg.length, generator=torch_generator(seed))
+
+
+def run_seed(cfg: Config, seed: int, lrs: dict[str, float]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    data = grammar_data(cfg, seed)
+    g = data["grammar"]
+    nets = _train_arms(cfg, data, lrs, seed)
+    test_ll = per_residue_ll(g, data["test"])
+    metrics: dict[str, dict[str, Any]] = {"data": {"loglik": float(test_ll.mean())}, **_arm_metrics(cfg, nets, data)}
+    samples = _unconditional_samples(cfg, nets, seed)
+    for arm, x in samples.items():
+        metrics[arm]["loglik"] = float(per_residue_ll(g, x).mean())
+    metrics["ar"]["heldout_nll"] = float(autoregressive_nll(nets["ar"], data["test"]).mean())
+    metrics["data"]["entropy"] = float(-test_ll.mean())
+    oracle = g.ss_posterior(tokens_to_residue_ids(data["test"].cpu()).numpy()).argmax(-1)
+    metrics["data"]["probe_acc"] = float((oracle == data["test_ss"].numpy()).mean() * 100)
+
+    rng = numpy_generator(20_000 + seed)
+    lo, hi = cfg.length // 3, max(cfg.length // 3, cfg.length - cfg.length // 3 - len(MOTIF))
+    starts = rng.integers(lo, hi + 1, cfg.scaffold_samples)
+    floor = float(np.quantile(test_ll, 0.05))
+    for arm in ("dplm", "mlm", "dplm_scratch"):
+        metrics[arm]["scaffold_success"] = float(scaffold_success(
+            g, scaffold(nets[arm], cfg, starts, seed + 2), starts, floor).mean())
+
+    helix = SS_CLASSES.index("H")
+    head = train_structure_head(nets["dplm"], data["train"], data["train_ss"].to(cfg.device),
+                                steps=cfg.head_steps, num_timesteps=cfg.num_timesteps,
+                                generator=torch_generator(seed + 3))
+    curve = {"helix": [], "loglik": []}
+    for eta in cfg.guidance_scales:
+        x = generate(nets["dplm"], length=cfg.length, num_samples=cfg.guidance_samples,
+                     guidance=StructureGuidance(nets["dplm"], head, target=helix, scale=eta),
+                     generator=torch_generator(seed + 4), device=cfg.device)
+        ids = tokens_to_residue_ids(x.cpu()).numpy()
+        curve["helix"].append(float(g.ss_posterior(ids)[..., helix].mean()))
+        curve["loglik"].append(float(per_residue_ll(g, x).mean()))
+    # negative control at matched strength: the same classifier and η toward a structure string the grammar
+    # cannot realise (i.i.d. uniform classes per residue)
+    unrealisable = numpy_generator(40_000 + seed).integers(0, 3, cfg.length).tolist()
+    gib = generate(nets["dplm"], length=cfg.length, num_samples=cfg.guidance_samples,
+                   guidance=StructureGuidance(nets["dplm"], head, target=unrealisable,
+                                              scale=cfg.guidance_scales[-1]),
+                   generator=torch_generator(seed + 4), device=cfg.device)
+    metrics["guided"] = {"helix_gain": curve["helix"][-1] - curve["helix"][0],
+                         "loglik_drop": curve["loglik"][0] - curve["loglik"][-1],
+                         "min_helix_step": float(np.min(np.diff(curve["helix"]))) if len(curve["helix"]) > 1
+                         else 0.0,
+                         "unrealisable_loglik_drop": curve["loglik"][0] - float(per_residue_ll(g, gib).mean())}
+    adapter = StructureAdapter(nets["dplm"], max_length=cfg.length)
+    train_adapter(adapter, data["train"], data["train_ss"].to(cfg.device), steps=cfg.adapter_steps,
+                  batch_size=cfg.batch_size, generator=torch_generator(seed + 5))
+    target = data["test_ss"][:cfg.adapter_samples].to(cfg.device)
+    designs = reparam_decode(adapter.conditioned_on(target), masked_init(len(target), cfg.length, device=cfg.device),
+                             max_iter=cfg.length, generator=torch_generator(seed + 6))
+    uncond = generate(nets["dplm"], length=cfg.length, num_samples=len(target),
+                      generator=torch_generator(seed + 6), device=cfg.device)
+    native = data["test"][:cfg.adapter_samples]
+    metrics["adapter"] = {"ss_agreement": ss_agreement(g, designs, target),
+                          "recovery": float((designs[:, 1:-1] == native[:, 1:-1]).float().mean())}
+    metrics["dplm"]["ss_agreement"] = ss_agreement(g, uncond, target)
+    metrics["dplm"]["recovery"] = float((uncond[:, 1:-1] == native[:, 1:-1]).float().mean())
+    return metrics, {"curve": curve, "examples": {arm: decode(samples[arm][:3]) for arm in samples}}
+
+
+def run_seed_pfam(cfg: Config, seed: int, lrs: dict[str, float]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The Pfam tier: hmmsearch hit rates of generated sequences and structure probes."""
+    from icml24.dplm.data import hmm_hits
+
+    data = pfam_data(cfg, seed)
+    hmm = data["hmm"]
+    nets = _train_arms(cfg, data, lrs, seed)
+    samples = _unconditional_samples(cfg, nets, seed)
+    rng = numpy_generator(30_000 + seed)
+    shuffled = ["".join(rng.permutation(list(s))) for s in data["test_seqs"]]
+    metrics: dict[str, dict[str, Any]] = {"data": {"hit_rate": float(hmm_hits(hmm, data["test_seqs"])[0].mean()),
+                                                   "shuffled_hit_rate": float(hmm_hits(hmm, shuffled)[0].mean())},
+                                          **_arm_metrics(cfg, nets, data)}
+    for arm, x in samples.items():
+        hits, bits = hmm_hits(hmm, decode(x))
+        metrics[arm].update(hit_rate=float(hits.mean()), median_bits=float(np.median(bits)))
+    return metrics, {"examples": {arm: decode(samples[arm][:3]) for arm in samples}}
+
+
+def _unconditional_samples(cfg: Config, nets: dict[str, torch.nn.Module], seed: int) -> dict[str, torch.Tensor]:
+    """``n_samples`` of ``length`` residues per model: one decoder for DPLM and the MLM, left to right for AR."""
+    kw = dict(length=cfg.length, num_samples=cfg.n_samples, device=cfg.device)
+    out = {arm: generate(nets[arm], generator=torch_generator(seed + 1), **kw) for arm in ("dplm", "mlm", "dplm_scratch")}
+    out["ar"] = generate_autoregressive(nets["ar"], generator=torch_generator(seed + 1), **kw)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- run
+def run(cfg: Config, out_dir: Path) -> RunResult:
+    out_dir = Path(out_dir)
+    rec = RunRecorder(SLUG, cfg, out_dir)
+    tuning = tune_lrs(cfg, tier_data(cfg, 0))
+    lrs = {obj: t["lr"] for obj, t in tuning.items()}
+    curves, examples = {}, {}
+    for seed in cfg.seeds:
+        metrics, extra = (run_seed_pfam if cfg.tier == "pfam" else run_seed)(cfg, seed, lrs)
+        rec.add_seed(seed, metrics)
+        curves[seed], examples[seed] = extra.get("curve"), extra["examples"]
+
+    if cfg.tier == "pfam":
+        checks, artifacts = _checks_pfam(cfg, rec), _plots_pfam(rec, out_dir)
+    else:
+        checks, artifacts = _checks(cfg, rec), _plots(cfg, rec, curves, out_dir)
+    return rec.finish(checks, artifacts=artifacts, extra={"tuning": tuning, "guidance_curves": curves,
+                                                          "sample_examples": examples})
+
+
+def _checks(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
+    g = rec.values
+    checks = [
+        rec.paired(name="generation: DPLM samples more likely than the MLM sampler's", metric="loglik",
+                   method_arm="dplm", baseline_arm="mlm", direction=">=", threshold=cfg.gen_margin, kind="claim",
+                   paper_value="DPLM ≫ ESM-2 (MLM) as a generator (pLDDT 85 vs ~50, ProteinBench)"),
+        rec.paired(name="representation: DPLM probe no worse than MLM by > 2 pt", metric="probe_acc",
+                   method_arm="dplm", baseline_arm="mlm", direction=">=", threshold=-cfg.probe_mlm_margin,
+                   kind="claim", paper_value="DPLM-650M ≥ ESM2-650M on 9/9 tasks (+0.4 to +3 pts)"),
+        rec.paired(name="representation: DPLM probe beats AR by >= 3 pt", metric="probe_acc", method_arm="dplm",
+                   baseline_arm="ar", direction=">=", threshold=cfg.probe_ar_margin, kind="claim",
+                   paper_value="AR-LM much worse (e.g. HumanPPI 68.5 vs 86.4)"),
+        rec.paired(name="motif scaffolding: DPLM succeeds more often than the MLM sampler",
+                   metric="scaffold_success", method_arm="dplm", baseline_arm="mlm", direction=">=",
+                   threshold=0.0, kind="claim", paper_value="DPLM solves 11/24 problems, above EvoDiff"),
+        one_sample_check(name="guidance raises the oracle helix fraction (η max vs 0)", metric="helix_gain",
+                         values=g("guided", "helix_gain"), direction=">=", threshold=0.0, kind="claim",
+                         arm="guided", paper_value="qualitative (requested helices appear)"),
+        one_sample_check(name="guidance keeps samples plausible: log-lik drop <= bound", metric="loglik_drop",
+                         values=g("guided", "loglik_drop"), direction="<=", threshold=cfg.guidance_ll_bound,
+                         kind="claim", arm="guided"),
+        rec.paired(name="structure adapter: designs follow the target structure better than unconditional samples",
+                   metric="ss_agreement", method_arm="adapter", baseline_arm="dplm", direction=">=", threshold=0.0,
+                   kind="claim", paper_value="inverse folding: DPLM-650M AAR 56.6%, scTM 0.86 (CATH 4.3)"),
+        one_sample_check(name="the plausibility bound rejects guidance toward an unrealisable structure",
+                         metric="unrealisable_loglik_drop", values=g("guided", "unrealisable_loglik_drop"),
+                         direction=">=", threshold=cfg.guidance_ll_bound, kind="sanity", arm="guided"),
+        one_sample_check(name="backbone learns the grammar: AR held-out NLL within 0.5 nats of the entropy",
+                         metric="ar_excess_nll", values=[a - e for a, e in zip(g("ar", "heldout_nll"),
+                                                                             g("data", "entropy"))],
+                         direction="<=", threshold=0.5, kind="sanity", arm="ar"),
+        one_sample_check(name="helix fraction rises at every guidance step", metric="min_helix_step",
+                         values=g("guided", "min_helix_step"), direction=">=", threshold=0.0, kind="mechanism",
+                         arm="guided"),
+        rec.paired(name="DPLM samples within 0.3 nats of held-out data (notes §5.4)", metric="loglik",
+                   method_arm="dplm", baseline_arm="data", direction=">=", threshold=-0.3, kind="mechanism"),
+        rec.paired(name="DPLM from scratch (no masked-LM stage) vs the MLM sampler (reported)", metric="loglik",
+                   method_arm="dplm_scratch", baseline_arm="mlm", direction=">=", threshold=0.0, kind="mechanism"),
+        rec.paired(name="AR samples vs DPLM samples (reported; paper: DPLM ≈/≥ AR)", metric="loglik",
+                   method_arm="dplm", baseline_arm="ar", direction=">=", threshold=0.0, kind="mechanism"),
+    ]
+    return checks
+
+
+def _plots(cfg: Config, rec: RunRecorder, curves: dict[int, dict[str, list[float]]], out_dir: Path) -> list[Path]:
+    arms = ("data", "dplm", "mlm", "ar")
+    fig, (ax1, ax2) = new_figure(2)
+    for i, metric in enumerate(("loglik", "probe_acc")):
+        ax = (ax1, ax2)[i]
+        vals = [rec.values(a, metric) for a in arms]
+        ax.bar(arms, [np.mean(v) for v in vals], yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in vals],
+               color=["grey", "C0", "C1", "C2"])
+        ax.set_ylabel(("true log-lik / residue (nats)", "SS probe accuracy (%)")[i])
+    ax1.set_title("samples (data = held-out)")
+    ax2.set_title("frozen-feature probes (data = oracle)")
+    p1 = save_figure(fig, out_dir / "generation_probes.png")
+    fig, (ax1, ax2) = new_figure(2)
+    for seed, c in curves.items():
+        ax1.plot(cfg.guidance_scales, c["helix"], marker="o", alpha=0.7, label=f"seed {seed}")
+        ax2.plot(cfg.guidance_scales, c["loglik"], marker="o", alpha=0.7)
+    ax1.set_xlabel("guidance scale η")
+    ax1.set_ylabel("oracle helix fraction")
+    ax2.set_xlabel("guidance scale η")
+    ax2.set_ylabel("true log-lik / residue")
+    ax1.legend(fontsize=7)
+    p2 = save_figure(fig, out_dir / "guidance.png")
+    return [p1, p2]
+
+
+def _checks_pfam(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
+    g = rec.values
+    return [
+        rec.paired(name="Pfam generation: DPLM hit rate exceeds the MLM sampler's", metric="hit_rate",
+                   method_arm="dplm", baseline_arm="mlm", direction=">=", threshold=cfg.pfam_hit_margin,
+                   kind="claim", paper_value="DPLM pLDDT ≫ ESM-2 / EvoDiff samples"),
+        rec.paired(name="Pfam representation: DPLM probe no worse than MLM by > 2 pt", metric="probe_acc",
+                   method_arm="dplm", baseline_arm="mlm", direction=">=", threshold=-cfg.probe_mlm_margin,
+                   kind="claim"),
+        rec.paired(name="Pfam representation: DPLM probe beats AR by >= 3 pt", metric="probe_acc",
+                   method_arm="dplm", baseline_arm="ar", direction=">=", threshold=cfg.probe_ar_margin,
+                   kind="claim"),
+        one_sample_check(name="the oracle accepts held-out family members (hit rate >= 0.9)", metric="hit_rate",
+                         values=g("data", "hit_rate"), direction=">=", threshold=0.9, kind="sanity", arm="data"),
+        one_sample_check(name="the oracle rejects shuffled members (hit rate <= 0.1)", metric="shuffled_hit_rate",
+                         values=g("data", "shuffled_hit_rate"), direction="<=", threshold=0.1, kind="sanity",
+                         arm="data"),
+        rec.paired(name="Pfam generation: DPLM vs AR hit rate (reported)", metric="hit_rate", method_arm="dplm",
+                   baseline_arm="ar", direction=">=", threshold=0.0, kind="mechanism"),
+    ]
+
+
+def _plots_pfam(rec: RunRecorder, out_dir: Path) -> list[Path]:
+    arms = ("data", "dplm", "mlm", "ar")
+    fig, (ax1, ax2) = new_figure(2)
+    hit = [rec.values(a, "hit_rate") for a in arms]
+    ax1.bar(arms, [np.mean(v) for v in hit], color=["grey", "C0", "C1", "C2"])
+    ax1.set_ylabel("hmmsearch hit rate (E < 1e-5)")
+    probe = [rec.values(a, "probe_acc") for a in arms[1:]]
+    ax2.bar(arms[1:], [np.mean(v) for v in probe], color=["C0", "C1", "C2"])
+    ax2.set_ylabel("structure probe accuracy (%)")
+    return [save_figure(fig, out_dir / "pfam.png")]
