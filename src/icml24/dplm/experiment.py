@@ -34,7 +34,7 @@ from sklearn.preprocessing import StandardScaler
 from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig, help_text
 from icml24.common.plotting import new_figure, save_figure
-from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check, paired_check
+from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check
 from icml24.common.seeding import numpy_generator, seed_everything, torch_generator
 from icml24.dplm.grammar import MOTIF, SS_CLASSES, ProteinGrammar
 from icml24.dplm.guidance import StructureGuidance, train_structure_head
