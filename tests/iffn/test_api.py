@@ -12,6 +12,7 @@ from torch import nn
 
 from icml24.common.nets import Mlp, TinyViT
 from icml24.iffn import IFFN, AGeLU, count_flops, ffn_flops_per_token, ffn_num_params, replace_ffn
+from tests.iffn._reference import dwconv_at
 
 TIMM_MLP_ARGS = ["in_features", "hidden_features", "out_features", "act_layer", "norm_layer", "bias", "drop"]
 
@@ -75,7 +76,6 @@ def _reference_iffn(m: IFFN, x: torch.Tensor, p: int) -> torch.Tensor:
     """Slow per-token reference of the concat IFFN (explicit depthwise convolution loops)."""
     b, n, c = x.shape
     side = int(round((n - p) ** 0.5))
-    k, r = m.kernel_size, m.kernel_size // 2
     w, bias = m.dwconv.weight[:, 0], m.dwconv.bias
     u = x @ m.fc1.weight.T + m.fc1.bias
     out = torch.zeros(b, n, m.out_features, dtype=x.dtype)
@@ -86,13 +86,7 @@ def _reference_iffn(m: IFFN, x: torch.Tensor, p: int) -> torch.Tensor:
             if t < p:
                 hs = torch.zeros(m.hidden, dtype=x.dtype)
             else:
-                i, j = divmod(t - p, side)
-                s = bias.clone()
-                for di in range(k):
-                    for dj in range(k):
-                        ii, jj = i + di - r, j + dj - r
-                        if 0 <= ii < side and 0 <= jj < side:
-                            s = s + w[:, di, dj] * u[bi, p + ii * side + jj]
+                s = dwconv_at(u, w, bias, bi, t, p, side)
                 sa = m.spatial_act
                 hs = sa.a * F.gelu(sa.b * s + sa.c) + sa.d
             out[bi, t] = m.fc2.weight @ torch.cat([hc, hs]) + m.fc2.bias

@@ -21,6 +21,7 @@ from icml24.iffn import (
     replace_ffn,
 )
 from icml24.iffn.experiment import Config, build_vit, param_groups
+from tests.iffn._reference import dwconv_at
 
 
 def _iffn_vit(**kw) -> TinyViT:
@@ -305,7 +306,6 @@ def _reference_serial(m: IFFN, x: torch.Tensor, p: int) -> torch.Tensor:
     """Slow reference of fc1 -> DWConv (patch tokens) -> n AGeLU -> fc2 with explicit conv loops."""
     b, n, _ = x.shape
     side = int(round((n - p) ** 0.5))
-    k, r = m.kernel_size, m.kernel_size // 2
     w, bias = m.dwconv.weight[:, 0], m.dwconv.bias
     u = x @ m.fc1.weight.T + m.fc1.bias
     a, b_, c, d = (m.act.per_instance(q) for q in "abcd")
@@ -315,13 +315,7 @@ def _reference_serial(m: IFFN, x: torch.Tensor, p: int) -> torch.Tensor:
             if t < p:
                 s = u[bi, t]
             else:
-                i, j = divmod(t - p, side)
-                s = bias.clone()
-                for di in range(k):
-                    for dj in range(k):
-                        ii, jj = i + di - r, j + dj - r
-                        if 0 <= ii < side and 0 <= jj < side:
-                            s = s + w[:, di, dj] * u[bi, p + ii * side + jj]
+                s = dwconv_at(u, w, bias, bi, t, p, side)
             h = torch.cat([a[q] * F.gelu(b_[q] * s + c[q]) + d[q] for q in range(m.n_instances)])
             out[bi, t] = m.fc2.weight @ h + m.fc2.bias
     return out
