@@ -348,3 +348,17 @@ def test_bad_input_raises_before_compute(model):
         sdpa(input_ids=_ids(1, 8), past_key_values=cache, use_cache=True)
     with pytest.raises(ValueError, match="policy"):
         LoCoCoCache.from_model(model, policy="snap")
+
+
+def test_padded_attention_mask_is_refused_and_an_all_ones_mask_changes_nothing(model):
+    ids = _ids(2, 12)
+    plain = model(input_ids=ids, past_key_values=LoCoCoCache.from_model(model, policy="full", budget=16),
+                  use_cache=True).logits
+    ones = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
+                 past_key_values=LoCoCoCache.from_model(model, policy="full", budget=16)).logits
+    torch.testing.assert_close(ones, plain, rtol=0, atol=0)
+    padded = torch.ones_like(ids)
+    padded[1, :3] = 0
+    with pytest.raises(ValueError, match=r"padding \(zeros\) in batch rows \[1\]"):
+        model(input_ids=ids, attention_mask=padded, use_cache=True,
+              past_key_values=LoCoCoCache.from_model(model, policy="full", budget=16))

@@ -44,7 +44,8 @@ def lococo_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
                      **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager attention over [memory ; chunk]: memory fully visible, causal inside the chunk; returns (out, P).
 
-    The HF mask is ignored (no padding support): with q queries and L keys, query i sees key j iff j ≤ L − q + i.
+    No HF mask reaches it (``_lococo_mask`` refuses padding and returns None): with q queries and L keys, query i
+    sees key j iff j ≤ L − q + i.
     Argument order as HF's ``sdpa_attention_forward`` (kvpress's attention wrapper passes ``dropout`` by position).
     """
     if scaling is None:
@@ -69,10 +70,25 @@ def lococo_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     return out, P
 
 
+def _lococo_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> None:
+    """HF mask hook for ``"lococo"``: refuses a padded 2-D ``attention_mask``, else no mask (causal is built in).
+
+    Compressed and fused slots have no one-to-one map to input positions, so padding cannot be masked there.
+    """
+    if attention_mask is not None and attention_mask.ndim == 2 and not bool(attention_mask.all()):
+        rows = torch.nonzero(~attention_mask.all(dim=-1)).flatten().tolist()
+        raise ValueError(f"lococo: attention_mask has padding (zeros) in batch rows {rows}; the compressed cache "
+                         "does not support padded batches: run unpadded sequences, one length per batch")
+    return None
+
+
 def register_lococo_attention() -> str:
-    """Register ``"lococo"`` in transformers' ``AttentionInterface`` (idempotent); returns the name."""
+    """Register ``"lococo"`` in transformers' ``AttentionInterface`` and its mask hook (idempotent); returns it."""
     tf = _require_transformers()
+    from transformers.masking_utils import AttentionMaskInterface
+
     tf.AttentionInterface.register(ATTN_IMPLEMENTATION, lococo_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _lococo_mask)
     return ATTN_IMPLEMENTATION
 
 
