@@ -28,7 +28,7 @@ from icml24.common.config import help_text as _h
 from icml24.common.data import load_sklearn
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
-from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check
+from icml24.common.results import ClaimCheck, RunRecorder, RunResult
 from icml24.common.seeding import seed_everything, torch_generator
 from icml24.common.tuning import interior_check
 from icml24.dp_public.mean_estimation import (
@@ -338,9 +338,9 @@ def run_linear(cfg: Config, seed: int, ratio: float) -> dict[str, Any]:
         # non-private reference: the same clipped full-batch GD on all data without noise (public_only on all)
         xq, yq = (x_all, y_all) if mode == "non_private" else (x_pub, y_pub)
         train_semi_dp(model, _sq_loss, mode="public_only" if mode == "non_private" else mode,  # type: ignore
-                      x_priv=x_priv, y_priv=y_priv, x_pub=xq, y_pub=yq, epsilon=cfg.lin_epsilon, delta=cfg.delta, steps=cfg.lin_steps, lr=lr,
-                      beta=beta, max_grad_norm=cfg.clip_norm, batch_size=None, public_batch_size=None,
-                      generator=g)
+                      x_priv=x_priv, y_priv=y_priv, x_pub=xq, y_pub=yq, epsilon=cfg.lin_epsilon,
+                      delta=cfg.delta, steps=cfg.lin_steps, lr=lr, beta=beta, max_grad_norm=cfg.clip_norm,
+                      batch_size=None, public_batch_size=None, generator=g)
         return model.weight.detach()[0]
 
     def best(mode: str, configs: list[tuple[float, float]]) -> tuple[float, dict[str, float]]:

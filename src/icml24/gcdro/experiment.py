@@ -11,8 +11,9 @@ C2 (generalisation): noisy selection-bias regression (D1: mean RMSE over shifted
 sub-population shift (D2: minority-group RMSE). Arms: ERM, KL, χ² (penalised), KL, χ² (constrained, radius ρ),
 CVaR, Wasserstein DRO, GDRO (flow restarted at p̂ every outer step, flow time tuned) and GCDRO; every arm gets
 the same model, the same training steps (cosine-decayed Adam) and a 5-point grid selected on a validation split
-from the training distribution; a sanity check per arm asks that the tuned value lie strictly inside its grid. Claim: GCDRO's RMSE is below the validation-selected best of ERM and the DRO arms,
-as a paired per-seed log-ratio with its 95% interval.
+from the training distribution; a sanity check per arm asks that the tuned value lie strictly inside its grid.
+Claim: GCDRO's RMSE is below the validation-selected best of ERM and the DRO arms, as a paired per-seed
+log-ratio with its 95% interval.
 """
 
 from __future__ import annotations
