@@ -10,7 +10,7 @@ import torch
 
 from icml24.common.results import RunResult
 from icml24.dp_public import privunitg
-from icml24.dp_public.experiment import Config, run
+from icml24.dp_public.experiment import Config, linear_betas, run
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_mean_estimation_checks_are_mechanisms_and_band_claims(quick):
 def test_training_checks_are_paired_claims(quick):
     result, _ = quick
     cfg = Config.quick()
-    e3, e4 = _check(result, "E3"), _check(result, "E4")
+    e3, e4 = ([c for c in _check(result, t) if c.kind == "claim"] for t in ("E3", "E4"))
     assert len(e3) == 2 * len(cfg.lin_ratios) and len(e4) == len(cfg.dig_epsilons)
     assert {c.baseline_arm.split()[1] for c in e3} == {"dp_gd_all", "semi_dp_beta_eq"}
     for c in e3 + e4:
@@ -79,7 +79,7 @@ def test_equal_budgets_and_public_validation_on_quick_run(quick):
     cfg = Config.quick()
     for row in result.extra["E3"]["per_seed"]:
         for r, res in row.items():
-            assert res["budget"] == len(cfg.lin_betas + (1,)) * len(cfg.lin_lrs)
+            assert res["budget"] == len(linear_betas(cfg, float(r))) * len(cfg.lin_lrs)
             assert res["beta_eq"] == pytest.approx(res["n_priv"] / (res["n_priv"] + cfg.lin_n_pub))
             assert res["hp"]["semi_dp_beta_eq"]["beta"] == res["beta_eq"]
     for row in result.extra["E4"]["per_seed"]:
@@ -124,3 +124,40 @@ def test_privunitg_sampler_hits_the_cap_with_the_recorded_probability(quick):
         z = privunitg(x, epsilon=float(eps), generator=torch.Generator().manual_seed(100 + i))
         frac = float((z[:, 0] / prm["scale"] >= prm["gamma"]).double().mean())
         assert abs(frac - prm["p"]) <= 0.01, (eps, frac, prm["p"])
+
+
+def test_regime_sanity_checks_compare_with_the_non_private_reference(quick):
+    """Regime checks: paired against the noise-free clipped GD / SGD on all data, thresholds from the config."""
+    result, _ = quick
+    cfg = Config.quick()
+    reg = [c for c in result.claim_checks if "regime" in c.name]
+    assert len(reg) == 2 * len(cfg.lin_ratios) + len(cfg.dig_epsilons) + 1
+    for c in reg:
+        assert c.kind == "sanity" and c.n == len(cfg.seeds) and c.direction == ">="
+        m, b = ([r["metrics"][a][c.metric] for r in result.per_seed] for a in (c.method_arm, c.baseline_arm))
+        if c.name.startswith("E3"):
+            assert c.baseline_arm.startswith("E3 non_private") and c.threshold == pytest.approx(np.log(1.05))
+            assert c.measured == pytest.approx(float(np.mean(np.log(np.divide(m, b)))))
+        else:
+            assert c.method_arm == "E4 non_private" and c.threshold == 1.0
+            assert c.measured == pytest.approx(float(np.mean(np.subtract(m, b))))
+        assert c.passed == (c.ci_low >= c.threshold)
+    # the reference is the best-informed arm: it sees all data without noise
+    s = result.summary
+    for r in cfg.lin_ratios:
+        ref, pub = (s[f"E3 {a} ratio={r:g}"]["test_mse"]["mean"] for a in ("non_private", "throw_away"))
+        assert ref < pub
+
+
+def test_interior_checks_cover_every_tuned_knob_and_fail_on_single_value_grids(quick):
+    result, _ = quick
+    cfg = Config.quick()
+    inner = [c for c in result.claim_checks if c.metric == "interior_fraction"]
+    assert {c.method_arm for c in inner} == {"E3 semi_dp", "E3 dp_gd_all", "E3 semi_dp_beta_eq", "E3 non_private",
+                                            "E4 semi_dp", "E4 dp_sgd_all", "E4 public_only", "E4 non_private"}
+    assert len(inner) == 9  # semi-DP's β and η in E3
+    for c in inner:
+        assert c.kind == "sanity" and c.threshold == cfg.interior_min_fraction
+    # quick: one η per arm, so every η pick is at the edge; E3's β grid has two values (n_priv/n, 0.99)
+    assert all(c.measured == 0.0 and not c.passed for c in inner)
+    assert result.label == "inconclusive"

@@ -9,7 +9,8 @@ import pytest
 
 from icml24.common.progress import set_quiet
 from icml24.common.results import is_quick
-from icml24.gcdro.experiment import ARMS, BEST, C1_ARMS, C1_BASELINES, Config, run
+from icml24.gcdro.experiment import (ARMS, BEST, C1_ARMS, C1_BASELINES, MILD_END, Config, _candidates, _flow_steps,
+                                     grid_specs, run)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_quick_checks_are_labelled_and_claims_are_paired(quick_result):
     res, _ = quick_result
     cfg = Config.quick()
     kinds = [c.kind for c in res.claim_checks]
-    assert kinds == ["claim"] * 3 + ["mechanism"] * 3 + ["claim"] * 2 + ["sanity"] * 5
+    assert kinds == ["claim"] * 3 + ["mechanism"] * 3 + ["claim"] * 2 + ["sanity"] * (5 + len(grid_specs(cfg)))
     c1 = res.checks("claim")[:3]
     for level, c in zip(cfg.tv_levels, c1, strict=True):
         assert c.metric == f"c1_noisy_mass_tv{level:g}" and c.method_arm == "gcdro"
@@ -95,7 +96,40 @@ def test_config_validation_and_quick_mode():
         Config(cvar_grid=(2.0,))
     with pytest.raises(ValueError, match="tv_levels"):
         Config(tv_levels=(0.0, 0.1))
-    with pytest.raises(ValueError, match="gdro_horizons"):
-        Config(gdro_horizons=(0,))
+    with pytest.raises(ValueError, match="gdro_flow_times"):
+        Config(gdro_flow_times=(0.0,))
+    with pytest.raises(ValueError, match="interior_min_fraction"):
+        Config(interior_min_fraction=1.5)
     with pytest.raises(ValueError, match="wass_radii"):
         Config(wass_radii=())
+
+
+def test_quick_interior_checks_fail_on_single_value_grids(quick_result):
+    """The quick config tunes one value per arm: every pick is at the grid's edge, so every interior check fails
+    (and the verdict is inconclusive)."""
+    res, _ = quick_result
+    cfg = Config.quick()
+    inner = [c for c in res.claim_checks if c.metric == "interior_fraction"]
+    assert sorted(c.method_arm for c in inner) == sorted(grid_specs(cfg))
+    for c in inner:
+        assert c.kind == "sanity" and c.measured == 0.0 and not c.passed and c.n == 2 * len(cfg.seeds)
+    assert res.label == "inconclusive"
+
+
+def test_grids_are_wide_and_name_their_mild_end():
+    cfg = Config()
+    specs = grid_specs(cfg)
+    assert set(specs) == set(ARMS) - {"erm"} == set(MILD_END)
+    for arm, grid in specs.items():
+        assert len(set(grid)) >= 5, arm
+    # the first run's grids sit strictly inside the new ones, with two milder values outside them
+    assert min(cfg.kl_grid) == 1.0 and max(cfg.kl_grid) == 1e4
+    assert max(cfg.cvar_grid) > 0.5 and min(cfg.wass_radii) < 1e-3 and min(cfg.gdro_flow_times) < 0.5
+
+
+def test_gdro_flow_time_maps_to_steps_of_at_most_half():
+    assert [_flow_steps(t) for t in (0.05, 0.15, 0.5, 1.5, 5.0)] == [1, 1, 1, 3, 10]
+    cfg = Config()
+    for t, est in _candidates(cfg, 0)["gdro"]:
+        assert est.n_inner * est.step_scale == pytest.approx(t)
+        assert 0 < est.step_scale <= 0.5 and est.restart and est.alpha == 0.0 and est.beta == 0.0

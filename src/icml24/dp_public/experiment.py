@@ -28,8 +28,9 @@ from icml24.common.config import help_text as _h
 from icml24.common.data import load_sklearn
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
-from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check
+from icml24.common.results import ClaimCheck, RunRecorder, RunResult
 from icml24.common.seeding import seed_everything, torch_generator
+from icml24.common.tuning import interior_check
 from icml24.dp_public.mean_estimation import (
     central_mse,
     ldp_mse,
@@ -92,11 +93,11 @@ class Config(ExperimentConfig):
     lin_n_val: int = field(default=25, metadata=_h("validation split taken from the public pool (pool = "
                                                     "lin_n_pub + lin_n_val); every arm is tuned on it"))
     lin_n_test: int = field(default=10000, metadata=_h("test samples (official: 10 000)"))
-    lin_betas: tuple[float, ...] = field(default=(0.8, 0.95, 0.99),
-                                         metadata=_h("β grid for semi-DP besides β = n_priv/n (always added), every "
-                                                     "β in (0, 1); β = 1 is DP-GD on the private data alone "
-                                                     "(official tuned β=0.943)"))
-    lin_lrs: tuple[float, ...] = field(default=(0.2, 0.6),
+    lin_betas: tuple[float, ...] = field(default=(0.8, 0.95, 0.99, 0.995),
+                                         metadata=_h("β grid for semi-DP besides β = n_priv/n (always added, a "
+                                                     "duplicate dropped), every β in (0, 1); β = 1 is DP-GD on the "
+                                                     "private data alone (official tuned β=0.943)"))
+    lin_lrs: tuple[float, ...] = field(default=(0.2, 0.6, 1.8),
                                        metadata=_h("η grid of semi-DP (x the β grid); each one-knob arm gets as "
                                                    "many η, log-spaced over the same range (official η=2.645)"))
     # ---- E4 semi-DP logistic regression on digits (notes §5 E4)
@@ -109,8 +110,18 @@ class Config(ExperimentConfig):
     dig_batch: int = field(default=64, metadata=_h("expected private (Poisson) batch and public batch "
                                                     "(notes §5 E4)"))
     dig_betas: tuple[float, ...] = field(default=(0.5,), metadata=_h("β grid for semi-DP (official CIFAR β=0.4)"))
-    dig_lrs: tuple[float, ...] = field(default=(0.3, 1.0), metadata=_h(
+    dig_lrs: tuple[float, ...] = field(default=(0.1, 0.3, 1.0, 3.0), metadata=_h(
         "η grid of semi-DP (x the β grid); each one-knob arm gets as many η, log-spaced over the same range"))
+    # ---- sanity thresholds (fixed before the first full run with them)
+    regime_mse_ratio: float = field(default=1.05, metadata=_h(
+        "E3 regime: DP-GD on all data and public least squares must each have test MSE >= this x the non-private "
+        "GD on all data (paired 95% CI of the log-ratio above log of it)"))
+    regime_acc_gap: float = field(default=1.0, metadata=_h(
+        "E4 regime: non-private SGD on all data must beat DP-SGD on all data (per ε) and public-only SGD by >= "
+        "this many accuracy points (paired 95% CI above it)"))
+    interior_min_fraction: float = field(default=0.5, metadata=_h(
+        "sanity: per arm and tuned knob, the least fraction of (seed, cell) picks strictly inside the grid "
+        "(as kd_ranking)"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -143,6 +154,9 @@ class Config(ExperimentConfig):
         val.each(w, "dig_lrs", self.dig_lrs, val.positive)
         val.probability(w, "dig_public_frac", self.dig_public_frac, open_low=True, open_high=True)
         val.probability(w, "dig_val_frac", self.dig_val_frac, open_low=True, open_high=True)
+        val.in_range(w, "regime_mse_ratio", self.regime_mse_ratio, 1.0, math.inf)
+        val.non_negative(w, "regime_acc_gap", self.regime_acc_gap)
+        val.probability(w, "interior_min_fraction", self.interior_min_fraction)
 
     @classmethod
     def quick(cls) -> Config:
@@ -280,15 +294,18 @@ def tuning_grids(betas: tuple[float, ...], lrs: tuple[float, ...]) -> tuple[list
 
 
 def linear_betas(cfg: Config, ratio: float) -> tuple[float, ...]:
-    """E3's β grid: β = n_priv / n (semi-DP = DP-GD on all data, in distribution) followed by ``lin_betas``."""
+    """E3's β grid: β = n_priv / n (semi-DP = DP-GD on all data, in distribution) followed by ``lin_betas``
+    (a value equal to n_priv / n is dropped, so that every configuration is evaluated once)."""
     n_pub = cfg.lin_n_pub
     n = int(round(n_pub / ratio))
-    return ((n - n_pub) / n, *cfg.lin_betas)
+    eq = (n - n_pub) / n
+    return (eq, *(b for b in cfg.lin_betas if not math.isclose(b, eq, rel_tol=1e-9)))
 
 
 def run_linear(cfg: Config, seed: int, ratio: float) -> dict[str, Any]:
     """E3 for one seed and public fraction: test MSE of throw-away LS, DP-GD on all data, semi-DP GD at
-    β = n_priv / n, and semi-DP GD with β tuned.
+    β = n_priv / n, semi-DP GD with β tuned, and the non-private reference (the same clipped GD on all data
+    without noise, for the regime sanity check).
 
     The public pool holds ``lin_n_pub + lin_n_val`` points: ``lin_n_val`` of them are the validation split on
     which every arm is tuned with the same number of configurations, the other ``lin_n_pub`` are the public
@@ -312,14 +329,18 @@ def run_linear(cfg: Config, seed: int, ratio: float) -> dict[str, Any]:
     beta_eq = n_priv / (n_priv + n_pub)
     grid, one_knob = tuning_grids(linear_betas(cfg, ratio), cfg.lin_lrs)
 
+    x_all, y_all = torch.cat([x_priv, x_pub]), torch.cat([y_priv, y_pub])
+
     def train(mode: str, lr: float, beta: float) -> torch.Tensor:
         model = torch.nn.Linear(p, 1, bias=False).to(cfg.device)
         with torch.no_grad():
             model.weight.copy_(w_ls[None])
-        train_semi_dp(model, _sq_loss, mode=mode, x_priv=x_priv, y_priv=y_priv, x_pub=x_pub,  # type: ignore
-                      y_pub=y_pub, epsilon=cfg.lin_epsilon, delta=cfg.delta, steps=cfg.lin_steps, lr=lr,
-                      beta=beta, max_grad_norm=cfg.clip_norm, batch_size=None, public_batch_size=None,
-                      generator=g)
+        # non-private reference: the same clipped full-batch GD on all data without noise (public_only on all)
+        xq, yq = (x_all, y_all) if mode == "non_private" else (x_pub, y_pub)
+        train_semi_dp(model, _sq_loss, mode="public_only" if mode == "non_private" else mode,  # type: ignore
+                      x_priv=x_priv, y_priv=y_priv, x_pub=xq, y_pub=yq, epsilon=cfg.lin_epsilon,
+                      delta=cfg.delta, steps=cfg.lin_steps, lr=lr, beta=beta, max_grad_norm=cfg.clip_norm,
+                      batch_size=None, public_batch_size=None, generator=g)
         return model.weight.detach()[0]
 
     def best(mode: str, configs: list[tuple[float, float]]) -> tuple[float, dict[str, float]]:
@@ -334,9 +355,12 @@ def run_linear(cfg: Config, seed: int, ratio: float) -> dict[str, Any]:
     dp_all, hp_all = best("dp_sgd_all", [(1.0, lr) for lr in one_knob])
     eq, hp_eq = best("semi_dp", [(beta_eq, lr) for lr in one_knob])
     semi, hp_semi = best("semi_dp", grid)
+    non_priv, hp_np = best("non_private", [(0.0, lr) for lr in one_knob])
     return {"throw_away": _lin_mse(w_ls, x_te, y_te), "dp_gd_all": dp_all, "semi_dp_beta_eq": eq, "semi_dp": semi,
-            "hp": {"dp_gd_all": hp_all, "semi_dp_beta_eq": hp_eq, "semi_dp": hp_semi}, "n_priv": n_priv,
-            "beta_eq": beta_eq, "budget": len(grid)}
+            "non_private": non_priv,
+            "hp": {"dp_gd_all": hp_all, "semi_dp_beta_eq": hp_eq, "semi_dp": hp_semi, "non_private": hp_np},
+            "grid": {"beta": [b for b, _ in grid], "lr": list(cfg.lin_lrs), "one_knob_lr": one_knob},
+            "n_priv": n_priv, "beta_eq": beta_eq, "budget": len(grid)}
 
 
 # ------------------------------------------------------------------------------------------------- E4
@@ -345,7 +369,9 @@ def _ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def run_digits(cfg: Config, seed: int) -> dict[str, Any]:
-    """E4 for one seed: test accuracy (%) per ε of public-only SGD, DP-SGD on all data, semi-DP SGD.
+    """E4 for one seed: test accuracy (%) per ε of public-only SGD, DP-SGD on all data, semi-DP SGD, and the
+    ε-independent non-private reference (the same clipped SGD on all training data without noise, for the regime
+    sanity check).
 
     The public pool is ``dig_public_frac`` of the training split; ``dig_val_frac`` of the pool is the validation
     split on which every arm is tuned with the same number of configurations, the rest is the public training
@@ -364,6 +390,7 @@ def run_digits(cfg: Config, seed: int) -> dict[str, Any]:
                          f"leave {n_pool - n_val} public training points of {len(x)}")
     iv, ipub, ipriv = perm[:n_val], perm[n_val:n_pool], perm[n_pool:]
     data = {"x_priv": x[ipriv], "y_priv": y[ipriv], "x_pub": x[ipub], "y_pub": y[ipub]}
+    x_all, y_all = x[perm[n_val:]], y[perm[n_val:]]  # every training point outside the validation split
     grid, one_knob = tuning_grids(cfg.dig_betas, cfg.dig_lrs)
 
     def acc(m: torch.nn.Module, xx: torch.Tensor, yy: torch.Tensor) -> float:
@@ -377,10 +404,13 @@ def run_digits(cfg: Config, seed: int) -> dict[str, Any]:
         for b, lr in configs:
             torch.manual_seed(seed)
             model = torch.nn.Linear(x.shape[1], split.n_classes).to(cfg.device)
-            tr = train_semi_dp(model, _ce, mode=mode, epsilon=eps, delta=cfg.delta,  # type: ignore[arg-type]
+            # non-private reference: clipped minibatch SGD on all training data (public_only on the union)
+            kw = dict(data, x_pub=x_all, y_pub=y_all) if mode == "non_private" else data
+            tr = train_semi_dp(model, _ce, mode="public_only" if mode == "non_private" else mode,  # type: ignore
+                               epsilon=eps, delta=cfg.delta,
                                steps=cfg.dig_steps, lr=lr, beta=b, max_grad_norm=cfg.clip_norm,
                                batch_size=cfg.dig_batch, public_batch_size=cfg.dig_batch,
-                               clip_public=mode == "semi_dp", generator=g, **data)
+                               clip_public=mode in ("semi_dp", "non_private"), generator=g, **kw)
             if tr.epsilon is not None:
                 spent[(mode, eps)] = max(spent.get((mode, eps), 0.0), tr.epsilon)
             val = acc(model, x[iv], y[iv])
@@ -389,8 +419,11 @@ def run_digits(cfg: Config, seed: int) -> dict[str, Any]:
         return top[1], top[2]
 
     pub_acc, hp_pub = best("public_only", 1.0, [(0.0, lr) for lr in one_knob])  # ε-independent
+    np_acc, hp_np = best("non_private", 1.0, [(0.0, lr) for lr in one_knob])  # ε-independent
     out: dict[str, Any] = {"public_only": {}, "dp_sgd_all": {}, "semi_dp": {}, "hp": {}, "n_pub": n_pool - n_val,
-                           "n_val": n_val, "n_priv": len(ipriv), "budget": len(grid)}
+                           "n_val": n_val, "n_priv": len(ipriv), "budget": len(grid), "non_private": np_acc,
+                           "hp_non_private": hp_np,
+                           "grid": {"lr": list(cfg.dig_lrs), "beta": list(cfg.dig_betas), "one_knob_lr": one_knob}}
     for eps in cfg.dig_epsilons:
         out["public_only"][eps] = pub_acc
         out["dp_sgd_all"][eps], hp_all = best("dp_sgd_all", eps, [(1.0, lr) for lr in one_knob])
@@ -405,7 +438,7 @@ def _band_mask(ta: np.ndarray, tp: np.ndarray, ratio: float) -> np.ndarray:
     return np.maximum(ta, tp) / np.minimum(ta, tp) <= ratio
 
 
-LIN_ARMS = ("throw_away", "dp_gd_all", "semi_dp_beta_eq", "semi_dp")
+LIN_ARMS = ("throw_away", "dp_gd_all", "semi_dp_beta_eq", "semi_dp", "non_private")
 
 
 def _band_gain(mse: dict[str, np.ndarray], base: np.ndarray, band: np.ndarray) -> tuple[float, float]:
@@ -446,6 +479,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         for eps in cfg.dig_epsilons:
             for a in ("public_only", "dp_sgd_all", "semi_dp"):
                 metrics[f"E4 {a} eps={eps:g}"] = {"acc": dig[a][eps]}
+        metrics["E4 non_private"] = {"acc": dig["non_private"]}
+        metrics["E4 public_only"] = {"acc": dig["public_only"][cfg.dig_epsilons[0]]}
         rec.add_seed(seed, metrics)
 
     # E1/E2: the better baseline per cell from the pooled Monte Carlo means, then per seed the geometric mean
@@ -525,6 +560,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                                  method_arm=f"E4 semi_dp eps={eps:g}", baseline_arm=f"E4 {base} eps={eps:g}",
                                  direction=">=", threshold=-0.5, kind="claim", paper_value="semi-DP >= baselines"))
 
+    checks += _sanity_checks(cfg, rec, lin_runs, dig_runs)
+
     arts = [_plot_mean(cfg, me_runs, me_an, out_dir / "mse_vs_npub_central.png", cfg.me_n_pub, cfg.me_epsilons,
                        "central (ε, δ)-DP", ME_ARMS),
             _plot_mean(cfg, ldp_runs, ldp_an, out_dir / "mse_vs_npub_local.png", cfg.ldp_n_pub,
@@ -547,10 +584,76 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     return rec.finish(checks, artifacts=arts, extra=extra)
 
 
+def _sanity_checks(cfg: Config, rec: RunRecorder, lin_runs: list[dict[float, dict[str, Any]]],
+                   dig_runs: list[dict[str, Any]]) -> list[ClaimCheck]:
+    """The regime (DP noise hurts; public data alone are not enough) and tuned values inside their grids.
+
+    Regime, against the non-private reference (the same clipped GD / SGD on all data without noise), paired over
+    seeds with the 95% t interval: E3 per public fraction, DP-GD on all data and public least squares each have a
+    test MSE >= ``regime_mse_ratio`` x the reference; E4 the reference beats DP-SGD on all data (per ε) and
+    public-only SGD by >= ``regime_acc_gap`` points. Tuning: per arm and knob, the fraction of (seed, cell) picks
+    strictly inside the grid searched is >= ``interior_min_fraction``.
+    """
+    thr = math.log(cfg.regime_mse_ratio)
+    out: list[ClaimCheck] = []
+    for r in cfg.lin_ratios:
+        for base, what in (("dp_gd_all", "DP noise hurts: DP-GD on all data"),
+                           ("throw_away", "public data alone are not enough: public least squares")):
+            out.append(rec.paired(
+                name=f"E3 regime (ratio {r:g}): {what} >= {cfg.regime_mse_ratio:g} x non-private GD test MSE",
+                metric="test_mse", method_arm=f"E3 {base} ratio={r:g}", baseline_arm=f"E3 non_private ratio={r:g}",
+                direction=">=", threshold=thr, log_ratio=True, kind="sanity",
+                detail="paired per-seed log(test MSE arm / non-private clipped full-batch GD on all data, η tuned "
+                       "on the same validation split with the same budget)"))
+    for eps in cfg.dig_epsilons:
+        out.append(rec.paired(
+            name=f"E4 regime (ε={eps:g}): DP noise hurts: non-private SGD >= DP-SGD on all data + "
+                 f"{cfg.regime_acc_gap:g} pt", metric="acc", method_arm="E4 non_private",
+            baseline_arm=f"E4 dp_sgd_all eps={eps:g}", direction=">=", threshold=cfg.regime_acc_gap, kind="sanity",
+            detail="paired per-seed accuracy difference (points)"))
+    out.append(rec.paired(
+        name=f"E4 regime: public data alone are not enough: non-private SGD >= public-only SGD + "
+             f"{cfg.regime_acc_gap:g} pt", metric="acc", method_arm="E4 non_private", baseline_arm="E4 public_only",
+        direction=">=", threshold=cfg.regime_acc_gap, kind="sanity", detail="paired per-seed accuracy difference"))
+    thr_in = cfg.interior_min_fraction
+    cells = [(lr[r], r) for lr in lin_runs for r in cfg.lin_ratios]
+    out.append(interior_check(
+        name="E3 semi-DP's tuned β lies inside its grid", arm="E3 semi_dp", threshold=thr_in,
+        picked=[c["hp"]["semi_dp"]["beta"] for c, _ in cells], grid=[sorted(set(c["grid"]["beta"])) for c, _ in cells],
+        detail="(seed, public fraction) cells; grid {n_priv/n} ∪ lin_betas"))
+    out.append(interior_check(
+        name="E3 semi-DP's tuned η lies inside its grid", arm="E3 semi_dp", threshold=thr_in,
+        picked=[c["hp"]["semi_dp"]["lr"] for c, _ in cells], grid=list(cfg.lin_lrs)))
+    for arm in ("dp_gd_all", "semi_dp_beta_eq", "non_private"):
+        out.append(interior_check(
+            name=f"E3 {arm}'s tuned η lies inside its grid", arm=f"E3 {arm}", threshold=thr_in,
+            picked=[c["hp"][arm]["lr"] for c, _ in cells], grid=[c["grid"]["one_knob_lr"] for c, _ in cells],
+            detail="one-knob arm: as many η as semi-DP's (β, η) grid, log-spaced over the same range"))
+    dcells = [(d, e) for d in dig_runs for e in cfg.dig_epsilons]
+    out.append(interior_check(
+        name="E4 semi-DP's tuned η lies inside its grid", arm="E4 semi_dp", threshold=thr_in,
+        picked=[d["hp"][e]["semi_dp"]["lr"] for d, e in dcells], grid=list(cfg.dig_lrs),
+        detail=f"(seed, ε) cells; β fixed at {', '.join(f'{b:g}' for b in cfg.dig_betas)}"
+        if len(cfg.dig_betas) == 1 else "(seed, ε) cells"))
+    out.append(interior_check(
+        name="E4 DP-SGD's tuned η lies inside its grid", arm="E4 dp_sgd_all", threshold=thr_in,
+        picked=[d["hp"][e]["dp_sgd_all"]["lr"] for d, e in dcells], grid=[d["grid"]["one_knob_lr"] for d, _ in dcells],
+        detail="(seed, ε) cells"))
+    out.append(interior_check(
+        name="E4 public-only's tuned η lies inside its grid", arm="E4 public_only", threshold=thr_in,
+        picked=[d["hp"][cfg.dig_epsilons[0]]["public_only"]["lr"] for d in dig_runs],
+        grid=[d["grid"]["one_knob_lr"] for d in dig_runs], detail="seeds (ε-independent)"))
+    out.append(interior_check(
+        name="E4 non-private reference's tuned η lies inside its grid", arm="E4 non_private", threshold=thr_in,
+        picked=[d["hp_non_private"]["lr"] for d in dig_runs], grid=[d["grid"]["one_knob_lr"] for d in dig_runs],
+        detail="seeds (ε-independent)"))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------- plots
 _COLORS = {"throw_away": "C0", "treat_as_private": "C1", "private_only": "C4", "weighted": "C3",
            "weighted_oracle": "C2", "public_only": "C0", "dp_sgd_all": "C1", "dp_gd_all": "C1", "semi_dp": "C3",
-           "semi_dp_beta_eq": "C5"}
+           "semi_dp_beta_eq": "C5", "non_private": "k"}
 
 
 def _plot_mean(cfg: Config, runs: dict[str, list[np.ndarray]], analytic: dict[str, np.ndarray], path: Path,
@@ -596,6 +699,8 @@ def _plot_digits(cfg: Config, runs: list[dict[str, Any]], path: Path) -> Path:
         y = np.array([[r[a][e] for e in es] for r in runs])
         sd = y.std(0, ddof=1) if len(y) > 1 else np.zeros(len(es))
         axes[0].errorbar(es, y.mean(0), yerr=sd, label=a, color=_COLORS[a], marker="o", capsize=2)
+    axes[0].axhline(float(np.mean([r["non_private"] for r in runs])), color=_COLORS["non_private"], ls="--", lw=1,
+                    label="non_private (reference)")
     axes[0].set_xscale("log")
     axes[0].set_xlabel("ε")
     axes[0].set_ylabel("test accuracy (%)")
