@@ -53,7 +53,7 @@ class Config(ExperimentConfig):
         "arms tuned on the grid; ALH-a takes ALH-g's lr (ours: the same ALH networks)"))
     total_steps: int = field(default=31_000, metadata=help_text(
         "environment steps per run incl. warm-up: 6k updates (official toy: 2e6; notes' CPU set: 45k = 20k "
-        "updates; the largest count whose 53 runs fit ~15 min on one idle thread)"))
+        "updates; the largest count whose 47 runs fit ~15 min on one idle thread)"))
     start_steps: int = field(default=25_000, metadata=help_text("random-action warm-up steps (official: 25k)"))
     eval_every: int = field(default=500, metadata=help_text(
         "evaluation period in steps after the warm-up (official: 5000 over 2M steps)"))
