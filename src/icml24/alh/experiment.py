@@ -374,8 +374,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     fig, axes = new_figure(1, width=5.0)
     ax = axes[0]
     for i, a in enumerate(arms):
-        ax.errorbar([i], [iqm[a]["iqm"]], yerr=[[iqm[a]["iqm"] - iqm[a]["ci_low"]], [iqm[a]["ci_high"] - iqm[a]["iqm"]]],
-                    fmt="o", color=_COLORS[a], capsize=4)
+        q = iqm[a]
+        ax.errorbar([i], [q["iqm"]], yerr=[[q["iqm"] - q["ci_low"]], [q["ci_high"] - q["iqm"]]], fmt="o",
+                    color=_COLORS[a], capsize=4)
         ax.scatter(np.full(len(finals[a]), i) + 0.15, finals[a], s=8, color=_COLORS[a], alpha=0.5)
     ax.set_xticks(range(len(arms)), [_LABELS[a] for a in arms], rotation=15)
     ax.set(title="final return: IQM, 95% stratified-bootstrap CI (dots: seeds)", ylabel="mean of last 2 evals")
