@@ -72,3 +72,79 @@ def test_tuning_uses_validation_seeds_only(tmp_path, monkeypatch):
     test = [c for c in calls if c[1] in (0, 1, 2)]
     assert all(lr == res.extra["tuned_lr"][a] for a, _, lr, b in test if b is None)
     assert {(s, b) for a, s, _, b in test if b is False} == {(0, False), (1, False)}  # regime control seeds
+
+
+def _fake_run_one(best):
+    """A stand-in for ``run_one``: ``best[arm]`` is the lr that scores highest on validation."""
+    def fake(cfg, *, arm, seed, lr, biased=None, mujoco=False, checkpoint=None):
+        good = best.get(arm, best.get("alh_g")) == lr
+        r = [0.0, 1.0, 2.0 if good else -2.0, 2.0 if good else -2.0]
+        if biased is False:
+            r = [0.0, 1.0, 5.0 + seed, 5.0 + seed]
+        return {"steps": [0, 1, 2, 3], "returns": r, "critic_loss": [0.0] * 4, "finite": True, "episodes": 1,
+                "final": float(np.mean(r[-2:])), "lr": lr}
+    return fake
+
+
+@pytest.mark.parametrize(("best", "inside"), [({"td3": 1e-3, "alh_g": 1e-3}, True),
+                                              ({"td3": 3e-3, "alh_g": 1e-3}, False),
+                                              ({"td3": 1e-3, "alh_g": 3e-4}, False)])
+def test_interior_check_fails_on_an_edge_pick(tmp_path, monkeypatch, best, inside):
+    import icml24.alh.experiment as ex
+
+    monkeypatch.setattr(ex, "run_one", _fake_run_one(best))
+    cfg = Config.quick().replace(lr_grid=(3e-4, 1e-3, 3e-3), seeds=(0, 1, 2), val_seeds=(50, 51),
+                                 regime_seeds=(0, 1, 2))
+    res = ex.run(cfg, tmp_path)
+    assert res.extra["tuned_lr"]["td3"] == best["td3"] and res.extra["tuned_lr"]["alh_g"] == best["alh_g"]
+    interior = [c for c in res.checks("sanity") if "inside its grid" in c.name]
+    assert [c.method_arm for c in interior] == ["td3", "alh_g"]
+    for c in interior:
+        assert c.passed == (1e-3 == best[c.method_arm])
+    assert all(c.passed for c in res.checks("sanity") if c not in interior)  # regime + finite hold here
+    assert (res.verdict["label"] == "inconclusive") == (not inside)
+
+
+def test_pick_lr_and_interior_check():
+    from icml24.alh.experiment import interior_check, pick_lr
+
+    g = (3e-4, 1e-3, 3e-3)
+    assert pick_lr(g, [-5.0, -3.0, -4.0]) == 1e-3
+    assert pick_lr(g, [-1.0, -3.0, -4.0]) == 3e-4
+    assert pick_lr(g, [-5.0, -3.0, -3.0]) == 1e-3  # exact tie: nearest the grid's middle (log scale)
+    assert pick_lr(g, [-3.0, -4.0, -3.0]) == 3e-4  # tie at both edges, equally far: the smaller
+    assert pick_lr((1e-4, 1e-3, 1e-2, 1e-1), [0.0, 0.0, 0.0, -1.0]) == 1e-3
+    with pytest.raises(ValueError, match="pick_lr"):
+        pick_lr(g, [0.0, 1.0])
+    ok = interior_check(arm="td3", lr=1e-3, grid=g, val_means=[-5.0, -3.0, -4.0], n_val=2)
+    edge = interior_check(arm="alh_g", lr=3e-3, grid=g, val_means=[-5.0, -4.0, -3.0], n_val=2)
+    assert ok.kind == edge.kind == "sanity" and ok.passed and not edge.passed
+    assert not interior_check(arm="td3", lr=3e-4, grid=(3e-4, 1e-3), val_means=[0.0, -1.0], n_val=1).passed
+
+
+def test_mujoco_only_job_is_separate_and_keeps_its_checkpoints(tmp_path, monkeypatch):
+    import icml24.alh.experiment as ex
+
+    with pytest.raises(ValueError, match="mujoco_only needs mujoco_env"):
+        Config(mujoco_only=True)
+    calls = []
+
+    def fake(cfg, *, arm, seed, lr, biased=None, mujoco=False, checkpoint=None):
+        calls.append((arm, seed, mujoco, checkpoint))
+        r = [0.0, 500.0, 1000.0, 1000.0 - 10.0 * (arm == "alh_g")]
+        return {"steps": [0, 1, 2, 3], "returns": r, "critic_loss": [0.0] * 4, "finite": True, "episodes": 1,
+                "final": float(np.mean(r[-2:])), "lr": lr}
+
+    monkeypatch.setattr(ex, "run_one", fake)
+    monkeypatch.setattr(ex, "make_env", lambda *a, **k: type("E", (), {"close": lambda self: None})())
+    cfg = Config.quick().replace(mujoco_only=True, mujoco_env="InvertedPendulum-v5", mujoco_seeds=(3, 4))
+    res = ex.run(cfg, tmp_path)
+    assert [(a, s) for a, s, _, _ in calls] == [("td3", 3), ("alh_g", 3), ("td3", 4), ("alh_g", 4)]  # seed-major
+    assert all(m and c is not None for _, _, m, c in calls)
+    (c, fin) = res.checks("sanity")
+    assert c.measured == pytest.approx(-5.0) and c.threshold == -50.0 and c.passed and fin.passed
+    assert res.checks("claim") == [] and res.verdict["label"].startswith("no claim")
+    assert len(list((tmp_path / "cache_mujoco").glob("*/mujoco_*.json"))) == 4  # kept: the job can be extended
+    n = len(calls)
+    ex.run(cfg, tmp_path)
+    assert len(calls) == n  # a rerun reuses the finished runs

@@ -43,14 +43,17 @@ _COLORS = {"td3": "tab:blue", "alh_g": "tab:red", "alh_a": "tab:orange", "td3_un
 class Config(ExperimentConfig):
     seeds: tuple[int, ...] = field(default=tuple(range(10)), metadata=help_text(
         "test seeds (official: 10 seeds 0-9 online; issue: 10)"))
-    val_seeds: tuple[int, ...] = field(default=(100,), metadata=help_text(
-        "validation seeds used only to pick each arm's lr (ours; disjoint from the test seeds; 1 for CPU)"))
-    lr_grid: tuple[float, ...] = field(default=(3e-4, 1e-3), metadata=help_text(
-        "Adam lr grid shared by all networks of an arm, same budget for every tuned arm (official: 3e-4)"))
+    val_seeds: tuple[int, ...] = field(default=(100, 101), metadata=help_text(
+        "validation seeds used only to pick each arm's lr (ours; disjoint from the test seeds; 2 for CPU)"))
+    lr_grid: tuple[float, ...] = field(default=(3e-4, 1e-3, 3e-3), metadata=help_text(
+        "Adam lr grid shared by all networks of an arm, same budget for every tuned arm (official: 3e-4; the "
+        "first run's {3e-4, 1e-3} picked 1e-3 for both arms, so the grid is centred there); with >= 2 points a "
+        "sanity check requires every tuned lr strictly inside the grid"))
     tune_arms: tuple[str, ...] = field(default=("td3", "alh_g"), metadata=help_text(
         "arms tuned on the grid; ALH-a takes ALH-g's lr (ours: the same ALH networks)"))
-    total_steps: int = field(default=27_000, metadata=help_text(
-        "environment steps per run incl. warm-up: 2k updates (official toy: 2e6; notes' CPU set: 45k; CPU budget)"))
+    total_steps: int = field(default=31_000, metadata=help_text(
+        "environment steps per run incl. warm-up: 6k updates (official toy: 2e6; notes' CPU set: 45k = 20k "
+        "updates; the largest count whose 47 runs fit ~15 min on one idle thread)"))
     start_steps: int = field(default=25_000, metadata=help_text("random-action warm-up steps (official: 25k)"))
     eval_every: int = field(default=500, metadata=help_text(
         "evaluation period in steps after the warm-up (official: 5000 over 2M steps)"))
@@ -70,6 +73,8 @@ class Config(ExperimentConfig):
         "gymnasium id of the MuJoCo sanity task ('' = off; slow variant: InvertedPendulum-v5)"))
     mujoco_seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=help_text(
         "seeds of the MuJoCo task (issue: 5)"))
+    mujoco_only: bool = field(default=False, metadata=help_text(
+        "run only the MuJoCo sanity task (a separate, resumable job; results/alh/mujoco_pendulum)"))
     mujoco_steps: int = field(default=50_000, metadata=help_text("MuJoCo steps incl. warm-up (issue: 50k)"))
     mujoco_start: int = field(default=25_000, metadata=help_text("MuJoCo warm-up steps (official: 25k)"))
     mujoco_eval_every: int = field(default=5_000, metadata=help_text("MuJoCo eval period (official: 5000)"))
@@ -102,6 +107,8 @@ class Config(ExperimentConfig):
         val.non_negative(w, "expl_noise", self.expl_noise)
         val.positive(w, "mujoco_return_range", self.mujoco_return_range)
         val.probability(w, "margin_fraction", self.margin_fraction)
+        if self.mujoco_only and not self.mujoco_env:
+            raise ValueError(f"{w}: mujoco_only needs mujoco_env (e.g. 'InvertedPendulum-v5')")
         if self.batch_size > self.start_steps:
             raise ValueError(f"{w}: batch_size ({self.batch_size}) is larger than the buffer when training starts "
                              f"(start_steps={self.start_steps})")
@@ -200,8 +207,87 @@ def _curve_plot(ax: Any, curves: dict[str, list[dict[str, Any]]], title: str) ->
     ax.legend(fontsize=8)
 
 
+def pick_lr(grid: tuple[float, ...], val_means: list[float]) -> float:
+    """The grid value with the highest mean validation return; exact ties go to the value nearest the grid's
+    middle in log scale (the centre of its range, the prior the grid is built around), then to the smaller."""
+    if len(grid) != len(val_means) or not grid:
+        raise ValueError(f"alh.pick_lr: grid has {len(grid)} values, val_means {len(val_means)}")
+    best = max(val_means)
+    mid = (math.log(min(grid)) + math.log(max(grid))) / 2
+    return min((lr for lr, m in zip(grid, val_means, strict=True) if m == best),
+               key=lambda lr: (round(abs(math.log(lr) - mid), 9), lr))
+
+
+def interior_check(*, arm: str, lr: float, grid: tuple[float, ...], val_means: list[float], n_val: int
+                   ) -> ClaimCheck:
+    """``sanity``: the validation-tuned lr of ``arm`` lies strictly inside its grid (an edge pick means the best
+    value may lie outside the grid, so the arm may be under-tuned and the comparison unfair)."""
+    inside = min(grid) < lr < max(grid)
+    vals = ", ".join(f"{g:g}: {m:.3f}" for g, m in zip(grid, val_means, strict=True))
+    return ClaimCheck(name=f"{_LABELS[arm]}'s tuned lr lies strictly inside its grid", metric="lr_interior",
+                      measured=float(inside), threshold=1.0, direction=">=", kind="sanity", method_arm=arm,
+                      detail=f"tuned lr {lr:g}; mean validation final return over {n_val} seeds per lr: {vals}")
+
+
+def _mujoco_runs(cfg: Config, out_dir: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """TD3 and ALH-g on the MuJoCo task, seed-major, each run cached and checkpointed at every evaluation under
+    ``out_dir/cache_mujoco/<hash of the MuJoCo settings>`` (kept after the run so that it can be extended)."""
+    keyed = {k: v for k, v in cfg.to_dict().items() if k.startswith("mujoco_") and k not in ("mujoco_seeds",
+                                                                                              "mujoco_only")}
+    keyed |= {"hypo_dim": cfg.hypo_dim, "eval_episodes": cfg.eval_episodes, "device": cfg.device}
+    cache = out_dir / "cache_mujoco" / hashlib.sha1(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
+    cache.mkdir(parents=True, exist_ok=True)
+    mj: dict[str, dict[int, dict[str, Any]]] = {a: {} for a in ("td3", "alh_g")}
+    for a, s in progress([(a, s) for s in cfg.mujoco_seeds for a in mj], desc=f"{SLUG} {cfg.mujoco_env}"):
+        mj[a][s] = _cached(cache, f"mujoco_{a}_{s}", lambda a=a, s=s: run_one(
+            cfg, arm=a, seed=s, lr=3e-4, mujoco=True, checkpoint=cache / f"ckpt_mujoco_{a}_{s}.pt"))
+    return mj
+
+
+def _mujoco_check(cfg: Config, mj: dict[str, dict[int, dict[str, Any]]]) -> ClaimCheck:
+    margin = cfg.margin_fraction * cfg.mujoco_return_range
+    return paired_check(name=f"{cfg.mujoco_env}: ALH-g no worse than TD3 by {cfg.margin_fraction:.0%} of the "
+                             "return range", metric="mujoco_final_return",
+                        method=[mj["alh_g"][s]["final"] for s in cfg.mujoco_seeds],
+                        baseline=[mj["td3"][s]["final"] for s in cfg.mujoco_seeds], direction=">=",
+                        threshold=-margin, kind="sanity", method_arm="alh_g", baseline_arm="td3",
+                        paper_value="official curves: both reach 1000 (no early-speed gain)",
+                        detail=f"{cfg.mujoco_steps} steps ({cfg.mujoco_start} warm-up), {len(cfg.mujoco_seeds)} "
+                               f"seeds, final = mean of the last 2 evaluations, margin {margin:g}")
+
+
+def _mujoco_summary(cfg: Config, mj: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    return {a: {"final": [mj[a][s]["final"] for s in cfg.mujoco_seeds],
+                "curves": [mj[a][s]["returns"] for s in cfg.mujoco_seeds],
+                "steps": mj[a][cfg.mujoco_seeds[0]]["steps"]} for a in mj}
+
+
+def _run_mujoco_only(cfg: Config, out_dir: Path) -> RunResult:
+    """The MuJoCo sanity task alone (``mujoco_only``): TD3 vs ALH-g, a ``sanity`` check and its curve plot."""
+    rec = RunRecorder(SLUG, cfg, out_dir)
+    make_env(cfg.mujoco_env, seed=0).close()  # fail early, before any compute, when the extra is missing
+    mj = _mujoco_runs(cfg, out_dir)
+    for s in cfg.mujoco_seeds:
+        rec.add_seed(s, {a: {"mujoco_final_return": mj[a][s]["final"], "last_return": mj[a][s]["returns"][-1],
+                             "finite_losses": int(mj[a][s]["finite"])} for a in mj})
+    n_bad = sum(1 - lg["finite"] for a in mj for lg in mj[a].values())
+    checks = [_mujoco_check(cfg, mj),
+              ClaimCheck(name="every run's critic loss stays finite", metric="nonfinite_runs", measured=float(n_bad),
+                         threshold=0.0, direction="<=", kind="sanity",
+                         detail=f"{n_bad} of {2 * len(cfg.mujoco_seeds)} runs had a non-finite critic loss")]
+    finals = {a: [mj[a][s]["final"] for s in cfg.mujoco_seeds] for a in mj}
+    iqm = _iqm(finals, reps=2000 if len(cfg.mujoco_seeds) >= 5 else 200)
+    fig, axes = new_figure(1, width=6.0)
+    _curve_plot(axes[0], {a: [mj[a][s] for s in cfg.mujoco_seeds] for a in mj}, cfg.mujoco_env)
+    artifacts = [save_figure(fig, out_dir / "eval_return.png")]
+    return rec.finish(checks, artifacts=artifacts, extra={"mujoco": _mujoco_summary(cfg, mj),
+                                                          "iqm_final_return": iqm})
+
+
 def run(cfg: Config, out_dir: Path) -> RunResult:
     out_dir = Path(out_dir)
+    if cfg.mujoco_only:
+        return _run_mujoco_only(cfg, out_dir)
     rec = RunRecorder(SLUG, cfg, out_dir)
     keyed = {k: v for k, v in cfg.to_dict().items() if k not in ("seeds", "val_seeds", "mujoco_seeds", "threads")}
     cache = out_dir / "cache" / hashlib.sha1(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
@@ -221,7 +307,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     for arm in ARMS:
         src = arm if arm in cfg.tune_arms else "alh_g" if arm.startswith("alh") and "alh_g" in cfg.tune_arms else arm
         if src in cfg.tune_arms and len(cfg.lr_grid) > 1:
-            lr_of[arm] = max(cfg.lr_grid, key=lambda lr, a=src: float(np.mean(tune[a, lr])))
+            lr_of[arm] = pick_lr(cfg.lr_grid, [float(np.mean(tune[src, lr])) for lr in cfg.lr_grid])
         else:
             lr_of[arm] = cfg.lr_grid[0]
 
@@ -236,12 +322,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             cfg, arm=a.replace("_unbiased", ""), seed=s, lr=lr, biased=False if a == "td3_unbiased" else None))
 
     # 3) MuJoCo sanity task (slow variant), resumable through per-run checkpoints
-    mj: dict[str, dict[int, dict[str, Any]]] = {}
-    if cfg.mujoco_env:
-        mj = {a: {} for a in ("td3", "alh_g")}
-        for a, s in progress([(a, s) for s in cfg.mujoco_seeds for a in mj], desc=f"{SLUG} {cfg.mujoco_env}"):
-            mj[a][s] = _cached(cache, f"mujoco_{a}_{s}", lambda a=a, s=s: run_one(
-                cfg, arm=a, seed=s, lr=3e-4, mujoco=True, checkpoint=cache / f"ckpt_mujoco_{a}_{s}.pt"))
+    mj = _mujoco_runs(cfg, out_dir) if cfg.mujoco_env else {}
 
     for s in cfg.seeds:
         rec.add_seed(s, {a: {"final_return": logs[a][s]["final"], "last_return": logs[a][s]["returns"][-1],
@@ -264,6 +345,10 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             baseline=[logs["td3"][s]["final"] for s in cfg.regime_seeds], method_arm="td3_unbiased",
             baseline_arm="td3", direction=">=", threshold=0.0, kind="sanity",
             paper_value="official TD3 at 2M: −2.7 unbiased vs −9.7 biased"))
+    if len(cfg.lr_grid) > 1:
+        checks += [interior_check(arm=a, lr=lr_of[a], grid=cfg.lr_grid,
+                                  val_means=[float(np.mean(tune[a, lr])) for lr in cfg.lr_grid],
+                                  n_val=len(cfg.val_seeds)) for a in cfg.tune_arms]
     n_bad = sum(1 - lg["finite"] for a in arms for lg in logs[a].values())
     n_all = sum(len(logs[a]) for a in arms)
     checks.append(ClaimCheck(name="every run's critic loss stays finite", metric="nonfinite_runs",
@@ -271,17 +356,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                              detail=f"{n_bad} of {n_all} runs had a non-finite critic loss"))
     mj_summary: dict[str, Any] = {}
     if mj:
-        margin = cfg.margin_fraction * cfg.mujoco_return_range
-        c = paired_check(name=f"{cfg.mujoco_env}: ALH-g no worse than TD3 by {cfg.margin_fraction:.0%} of the "
-                              "return range", metric="mujoco_final_return",
-                         method=[mj["alh_g"][s]["final"] for s in cfg.mujoco_seeds],
-                         baseline=[mj["td3"][s]["final"] for s in cfg.mujoco_seeds], direction=">=",
-                         threshold=-margin, kind="sanity", method_arm="alh_g", baseline_arm="td3",
-                         paper_value="official curves: both reach 1000 (no early-speed gain)")
-        checks.append(c)
-        mj_summary = {a: {"final": [mj[a][s]["final"] for s in cfg.mujoco_seeds],
-                          "curves": [mj[a][s]["returns"] for s in cfg.mujoco_seeds],
-                          "steps": mj[a][cfg.mujoco_seeds[0]]["steps"]} for a in mj}
+        checks.append(_mujoco_check(cfg, mj))
+        mj_summary = _mujoco_summary(cfg, mj)
 
     # rliable IQM (stratified bootstrap over seeds; one task)
     finals = {a: [logs[a][s]["final"] for s in cfg.seeds if s in logs[a]] for a in arms}
@@ -298,8 +374,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     fig, axes = new_figure(1, width=5.0)
     ax = axes[0]
     for i, a in enumerate(arms):
-        ax.errorbar([i], [iqm[a]["iqm"]], yerr=[[iqm[a]["iqm"] - iqm[a]["ci_low"]], [iqm[a]["ci_high"] - iqm[a]["iqm"]]],
-                    fmt="o", color=_COLORS[a], capsize=4)
+        q = iqm[a]
+        ax.errorbar([i], [q["iqm"]], yerr=[[q["iqm"] - q["ci_low"]], [q["ci_high"] - q["iqm"]]], fmt="o",
+                    color=_COLORS[a], capsize=4)
         ax.scatter(np.full(len(finals[a]), i) + 0.15, finals[a], s=8, color=_COLORS[a], alpha=0.5)
     ax.set_xticks(range(len(arms)), [_LABELS[a] for a in arms], rotation=15)
     ax.set(title="final return: IQM, 95% stratified-bootstrap CI (dots: seeds)", ylabel="mean of last 2 evals")
