@@ -232,6 +232,16 @@ class NExTGPT(nn.Module):
                 names.append(n)
         return names
 
+    def trainable_rows(self, stage: int) -> torch.Tensor:
+        """Boolean mask over the new token rows that ``stage`` trains: stage 1 the ``<media>`` and tag rows (the
+        signal tokens never occur there, so their rows stay put — the paper's resize bug, pitfall 1, is avoided),
+        stage 2 the tag and signal rows, stage 3 all."""
+        mask = torch.zeros(self.new_embed.shape[0], dtype=torch.bool)
+        sig = {i - self.base_vocab for ids in self.signal_ids.values() for i in ids}
+        for r in range(len(mask)):
+            mask[r] = stage == 3 or (r in sig) == (stage == 2) or (stage == 2 and r not in sig and r != 0)
+        return mask
+
     def set_stage(self, stage: int) -> list[nn.Parameter]:
         if stage == 3:
             self.enable_lora()
@@ -598,6 +608,7 @@ class StageConfig:
     steps: int
     lr: float
     batch: int = 16
+    row_lr_scale: float = 10.0  # NOTE(deviation): new token rows learn 10x faster (paper: one lr; 40x fewer steps)
     lam: tuple[tuple[str, float], ...] = (("image", 1.0), ("audio", 1.0), ("video", 2.0))
 
 
@@ -606,7 +617,10 @@ def train_stage(model: NExTGPT, stage: int, sampler: Any, cfg: StageConfig, *, s
     """Train stage ``stage`` (1, 2 or 3) on dialogues from ``sampler(rng, n) -> list[list[Turn]]``; only the
     parameters :meth:`NExTGPT.trainable_names` declares receive gradients. Returns loss curves."""
     params = model.set_stage(stage)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=1e-3)
+    rows_p = [p for p in params if p is model.new_embed or p is model.new_head]
+    rest = [p for p in params if not any(p is q for q in rows_p)]
+    opt = torch.optim.AdamW([{"params": rest}, {"params": rows_p, "lr": cfg.lr * cfg.row_lr_scale}], lr=cfg.lr,
+                            betas=(0.9, 0.95), eps=1e-8, weight_decay=1e-3)
     warm = max(1, cfg.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warm, max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm))))
@@ -615,15 +629,23 @@ def train_stage(model: NExTGPT, stage: int, sampler: Any, cfg: StageConfig, *, s
     model.train()
     curve = {"nll": [], "l2": []}
     lam = dict(cfg.lam)
+    rows = model.trainable_rows(stage)
+    keep_embed, keep_head = model.new_embed.detach().clone(), model.new_head.detach().clone()
     for _ in progress(range(cfg.steps), desc=desc or f"next_gpt: stage {stage}"):
         batch = model.build(sampler(rng, cfg.batch), train=True, rng=rng)
         out = model.losses(batch, lam=lam)
         loss = out["nll"] + out["l2"]
         opt.zero_grad()
         loss.backward()
+        for p in (model.new_embed, model.new_head):
+            if p.grad is not None:
+                p.grad[~rows] = 0
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
+        with torch.no_grad():  # rows this stage does not train stay bit-identical (no weight-decay drift)
+            model.new_embed[~rows] = keep_embed[~rows]
+            model.new_head[~rows] = keep_head[~rows]
         curve["nll"].append(float(out["nll"].detach()))
         curve["l2"].append(float(out["l2"].detach()))
     model.eval()
