@@ -69,6 +69,8 @@ class Config(ExperimentConfig):
     n_dialogues: int = field(default=24, metadata={"help": "held-out MosIT dialogues (2-4 turns each)"})
     ddim_steps: int = field(default=20, metadata={"help": "DDIM steps (paper: 40 on SD)"})
     guidance: float = field(default=3.0, metadata={"help": "classifier-free guidance scale (paper 7.5 on SD)"})
+    claim_margin: float = field(default=0.01, metadata={
+        "help": "claims: method − baseline >= this (accuracy points / 100), paired 95% CI lower bound (ours)"})
     stage1_min: float = field(default=0.9, metadata={"help": "sanity: stage-1 caption attribute acc (issue)"})
     block_min: float = field(default=0.95, metadata={"help": "sanity: stage-2 full signal block rate (issue)"})
     gold_min: float = field(default=0.8, metadata={"help": "sanity: gold-caption decoding oracle acc (notes §5.4)"})
@@ -98,12 +100,13 @@ class Config(ExperimentConfig):
         for name in ("stage1_min", "block_min", "gold_min"):
             val.probability(w, name, getattr(self, name))
         val.positive(w, "l2_drop", self.l2_drop)
+        val.non_negative(w, "claim_margin", self.claim_margin)
 
     @classmethod
     def quick(cls) -> Config:
         return cls(seeds=(0, 1), modalities=("image",), n_signal=(4,), llm_steps=300, encoder_steps=100,
-                   decoder_steps=300, oracle_steps=100, stage1_steps=40, stage2_steps=40, stage3_steps=60,
-                   lr_grid=(3e-3,), icl_grid=(1,), n_eval=8, n_dialogues=8, ddim_steps=10)
+                   decoder_steps=300, oracle_steps=100, stage1_steps=30, stage2_steps=30, stage3_steps=80,
+                   lr_grid=(3e-3,), icl_grid=(1,), n_eval=6, n_dialogues=4, ddim_steps=10)
 
     def frozen_config(self) -> FrozenConfig:
         return FrozenConfig(modalities=self.modalities, world_seed=self.world_seed, llm_hidden=self.llm_hidden,
@@ -378,22 +381,24 @@ def _checks(rec: RunRecorder, cfg: Config, hashes_ok: list[float]) -> list[Claim
     checks = [
         rec.paired(name="implicit/across-turn instructions: signal-token generation beats the caption pipeline "
                         "on oracle attribute accuracy", metric="implicit_acc", method_arm="signal",
-                   baseline_arm="pipeline", direction=">=", threshold=0.0, kind="claim",
+                   baseline_arm="pipeline", direction=">=", threshold=cfg.claim_margin, kind="claim",
                    paper_value="end-to-end signal tokens beat LLM->caption->diffusion on complex instructions "
                                "(human eval, §6)"),
         rec.paired(name="stage 3 (MosIT) beats stage 2 + in-context examples on held-out multi-turn modality "
                         "selection", metric="selection_acc", method_arm="signal", baseline_arm="stage2_icl",
-                   direction=">=", threshold=0.0, kind="claim",
+                   direction=">=", threshold=cfg.claim_margin, kind="claim",
                    paper_value="MosIT improves modality switching (human eval, §6)"),
     ]
     ctl = paired_check(name="ctl", metric="implicit_acc", method=rec.values("untrained_proj", "implicit_acc"),
-                       baseline=rec.values("pipeline", "implicit_acc"), direction=">=", threshold=0.0)
+                       baseline=rec.values("pipeline", "implicit_acc"), direction=">=",
+                       threshold=cfg.claim_margin)
     checks.append(ClaimCheck(
         name="negative control: the claim-1 test rejects an untrained output projector", metric="implicit_acc",
         measured=float(not ctl.passed), threshold=1.0, direction=">=", kind="sanity",
         method_arm="untrained_proj", baseline_arm="pipeline", detail=ctl.detail))
     ctl2 = paired_check(name="ctl2", metric="selection_acc", method=rec.values("stage1_icl", "selection_acc"),
-                        baseline=rec.values("stage2_icl", "selection_acc"), direction=">=", threshold=0.0)
+                        baseline=rec.values("stage2_icl", "selection_acc"), direction=">=",
+                        threshold=cfg.claim_margin)
     checks.append(ClaimCheck(
         name="negative control: the claim-2 test rejects the stage-1 model (no decoding-side training)",
         metric="selection_acc", measured=float(not ctl2.passed), threshold=1.0, direction=">=", kind="sanity",
@@ -477,7 +482,7 @@ def _gallery(g: dict[str, Any], frozen: Frozen, cfg: Config, out_dir: Path, per:
         gold_idx = {i: j for j, i in enumerate([i for i, d in enumerate(g["items"]) if d[-1].out_modality == m])}
         if not idx:
             continue
-        fig, axes = new_figure(len(idx), width=3.2 * len(idx), height=6.0 if m != "video" else 4.5)
+        fig, axes = new_figure(len(idx), width=2.0 * len(idx) * (2.5 if m == "video" else 1.0), height=5.5)
         axes = np.atleast_1d(axes)
         for ax, i in zip(axes, idx):
             t = g["items"][i][-1]
