@@ -45,11 +45,18 @@ def test_frozen_modules_bit_identical_after_each_stage_and_only_declared_params_
         # every declared group actually moved (stage 1: input projection; 2: projectors; 3: LoRA B)
         want = {1: "input_proj.weight", 2: "output_projectors.", 3: "lora_B"}[stage]
         assert any(want in n for n in changed)
+        rows = m.trainable_rows(stage)  # new token rows outside the stage's set stay bit-identical
+        assert torch.equal(before["new_embed"][~rows], m.new_embed[~rows])
+        assert torch.equal(before["new_head"][~rows], m.new_head[~rows])
+        assert not torch.equal(before["new_head"][rows], m.new_head[rows])
         assert all(not p.requires_grad for p in frozen.encoder.parameters())
     frac = m.trainable_fraction(3)
-    names3 = set(m.trainable_names(3))
+    names3 = set(m.trainable_names(3)) - {"new_embed", "new_head"}
     assert 0 < frac["fraction"] < 1 and frac["trainable"] == sum(
-        p.numel() for n, p in m.named_parameters() if n in names3)
+        p.numel() for n, p in m.named_parameters() if n in names3) + m.new_embed.numel() + m.new_head.numel()
+    f1 = m.trainable_fraction(1)
+    assert f1["trainable"] == m.input_proj.weight.numel() + m.input_proj.bias.numel() + \
+        2 * int(m.trainable_rows(1).sum()) * m.d_llm
 
 
 def test_trainable_names_per_stage(frozen):
@@ -198,7 +205,7 @@ def test_world_renders_and_captions():
 
 @pytest.mark.parametrize("kw, match", [
     ({"seeds": (0,)}, ">= 2 seeds"),
-    ({"n_signal": (4, 4)}, "n_signal"),
+    ({"n_signal": (4, 4, 4)}, "n_signal"),
     ({"modalities": ("smell",), "n_signal": (1,)}, "unsupported modality"),
     ({"lr_grid": (1e-3,), "icl_grid": (1, 2)}, "same size"),
     ({"stage1_steps": 0}, "stage1_steps"),

@@ -66,7 +66,7 @@ class WordTokenizer:
 class FrozenConfig:
     """What the frozen parts are and how long they train (the cache key is a hash of this)."""
 
-    modalities: tuple[str, ...] = ("image", "video", "audio")
+    modalities: tuple[str, ...] = ("image", "audio")
     world_seed: int = 0
     embed_dim: int = 64  # joint space width (ImageBind's 1024 analogue)
     llm_hidden: int = 96
@@ -74,10 +74,10 @@ class FrozenConfig:
     llm_heads: int = 4
     llm_steps: int = 800
     llm_corpus: int = 6000
-    encoder_steps: int = 300
-    decoder_steps: int = 1000
-    decoder_batch: int = 32
-    decoder_channels: int = 24
+    encoder_steps: int = 500
+    decoder_steps: int = 1500
+    decoder_batch: int = 48
+    decoder_channels: int = 32
     cond_tokens: int = 8  # N_c (SD: 77)
     cond_dim: int = 32  # D_c (SD1.5: 768)
     diffusion_T: int = 200

@@ -255,11 +255,14 @@ class NExTGPT(nn.Module):
         return params
 
     def trainable_fraction(self, stage: int) -> dict[str, float]:
-        """Trainable parameters of ``stage`` over all parameters (frozen LLM, encoder and decoders included)."""
+        """Trainable parameters of ``stage`` (new token rows counted only where the stage trains them) over all
+        parameters (frozen LLM, encoder and decoders included)."""
         if stage == 3:
             self.enable_lora()
         keep = set(self.trainable_names(stage))
-        n_train = sum(p.numel() for n, p in self.named_parameters() if n in keep)
+        n_rows = int(self.trainable_rows(stage).sum())
+        n_train = sum(p.numel() for n, p in self.named_parameters() if n in keep and n not in ("new_embed", "new_head"))
+        n_train += 2 * n_rows * self.d_llm
         n_self = sum(p.numel() for p in self.parameters())
         n_frozen = sum(p.numel() for p in self.frozen.encoder.parameters()) + sum(
             p.numel() for d in self.frozen.decoders.values() for p in d.parameters()
