@@ -8,8 +8,10 @@ Arms (per seed, same frozen parts, same stage budgets, stage-3 lr tuned per arm 
 * ``pipeline``: the same stage 1, then stages 2-3 with the LLM writing a caption ``<tag> ... </tag>`` that the
   decoder's own text encoder reads (pipeline MM-LLMs, notes §4); same trainable parts minus the projector.
 * ``stage2_icl``: the stage-2 model given k in-context example dialogues (k tuned on validation).
-* controls: ``untrained_proj`` (the stage-3 model with a freshly initialised output projector), ``stage2`` without
-  examples, ``stage1`` (no decoding-side training), and ``gold`` (decoder fed its own embedding of the caption).
+* controls: ``untrained_proj`` (the stage-3 model with a freshly initialised output projector; claim 1's test
+  must reject it), ``stage2_icl_redraw`` (the baseline again with fresh in-context examples; claim 2's test must
+  reject this null difference), ``stage2`` without examples, ``stage1_icl`` (never emits media: the always-text
+  floor), and ``gold`` (decoder fed its own embedding of the caption).
 
 Claims (paired 95% t-intervals over seeds): (1) on implicit / across-turn generation instructions, oracle
 attribute accuracy of ``signal`` > ``pipeline``; (2) held-out multi-turn modality-selection accuracy of
