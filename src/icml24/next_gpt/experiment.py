@@ -440,7 +440,7 @@ def _checks(rec: RunRecorder, cfg: Config, hashes_ok: list[float]) -> list[Claim
 # ------------------------------------------------------------------------------------------------ artifacts
 def _plots(rec: RunRecorder, cfg: Config, out_dir: Path, curves: dict[str, list[float]]) -> list[Path]:
     arts = []
-    fig, axes = new_figure(2, width=10.0)
+    fig, axes = new_figure(2, width=5.5)
     for ax, metric, arms in ((axes[0], "implicit_acc", ("signal", "pipeline", "untrained_proj", "gold")),
                              (axes[1], "selection_acc", ("signal", "stage2_icl", "stage2", "stage1_icl",
                                                           "pipeline"))):
@@ -455,7 +455,7 @@ def _plots(rec: RunRecorder, cfg: Config, out_dir: Path, curves: dict[str, list[
                       "selection_acc": "held-out MosIT: modality-selection acc"}[metric])
     arts.append(save_figure(fig, out_dir / "claims.png"))
     if curves:
-        fig, axes = new_figure(len(curves), width=4.0 * len(curves))
+        fig, axes = new_figure(len(curves), width=4.0)
         axes = np.atleast_1d(axes)
         for ax, (k, v) in zip(axes, curves.items()):
             ax.plot(v)
@@ -496,7 +496,7 @@ def _gallery(g: dict[str, Any], frozen: Frozen, cfg: Config, out_dir: Path, per:
         gold_idx = {i: j for j, i in enumerate([i for i, d in enumerate(g["items"]) if d[-1].out_modality == m])}
         if not idx:
             continue
-        fig, axes = new_figure(len(idx), width=2.0 * len(idx) * (2.5 if m == "video" else 1.0), height=5.5)
+        fig, axes = new_figure(len(idx), width=2.4 * (2.5 if m == "video" else 1.0), height=5.5)
         axes = np.atleast_1d(axes)
         for ax, i in zip(axes, idx):
             t = g["items"][i][-1]
