@@ -21,7 +21,6 @@ attribute accuracy of ``signal`` > ``pipeline``; (2) held-out multi-turn modalit
 from __future__ import annotations
 
 import copy
-import math
 import time
 import wave
 from dataclasses import dataclass, field

@@ -577,7 +577,7 @@ class NExTGPT(nn.Module):
                  max_new_tokens: int = 20, guidance_scale: float = 3.0, ddim_steps: int = 20,
                  seed: int = 0) -> Generation:
         """Any-to-any: ``inputs`` are one human turn's text and media items (at most one media item, as in the
-        paper's one-projected-token-per-item prompt; several items of one modality are summed); returns the
+        paper's one-projected-token-per-item prompt; several items of one modality are averaged); returns the
         answer text and any generated media (image (3,16,16), video (12,16,16), audio log-mel (1,16,16))."""
         if isinstance(inputs, (str, Media)):
             inputs = [inputs]
