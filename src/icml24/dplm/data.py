@@ -149,3 +149,34 @@ def peptide_split(name: str = "AMPvsUniProt", *, seed: int, max_length: int,
         idx = rng.permutation(idx)
         out[k] = ([seqs[i] for i in idx], labels[idx])
     return out
+
+
+def real_proteins() -> list[str]:
+    """The 2,100 real bacterial proteins shipped with pyhmmer's test data (``938293.PRJEB85.HG003687.faa``;
+    682,583 residues), in file order, stop codons (``*``) stripped."""
+    pyhmmer = _pyhmmer()
+    path = Path(pyhmmer.__file__).parent / "tests" / "data" / "seqs" / "938293.PRJEB85.HG003687.faa"
+    seqs, cur = [], []
+    for line in path.read_text().splitlines():
+        if line.startswith(">"):
+            if cur:
+                seqs.append("".join(cur).rstrip("*"))
+            cur = []
+        else:
+            cur.append(line.strip().upper())
+    if cur:
+        seqs.append("".join(cur).rstrip("*"))
+    return seqs
+
+
+def protein_windows(seqs: list[str], length: int) -> list[str]:
+    """Non-overlapping windows of exactly ``length`` residues of each protein (windows with a non-standard
+    residue are dropped; a protein's tail shorter than ``length`` is dropped)."""
+    v.integer(OWNER, "length", length, minimum=1)
+    out = []
+    for s in seqs:
+        for i in range(0, len(s) - length + 1, length):
+            w = s[i:i + length]
+            if all(c in AMINO_ACIDS for c in w):
+                out.append(w)
+    return out

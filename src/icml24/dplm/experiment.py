@@ -56,8 +56,10 @@ SCRATCH = ("diffusion", False)  # DPLM without the masked-LM stage (reported bes
 class Config(ExperimentConfig):
     seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=help_text("seeds (issue: >= 5)"))
     tier: str = field(default="grammar", metadata=help_text(
-        "grammar (the synthetic protein grammar, all five parts) or pfam (slow variant: Pfam family members "
-        "emitted by pyhmmer; generation judged by hmmsearch, structure probes on the HMM's DSSP consensus)"))
+        "grammar (the synthetic protein grammar, all five parts), pfam (slow variant: Pfam family members "
+        "emitted by pyhmmer; generation judged by hmmsearch, structure probes on the HMM's DSSP consensus) or "
+        "proteins (slow variant: pretraining on windows of pyhmmer's 2,100 real bacterial proteins; peptide "
+        "probes and fine-tuning only)"))
     pfam_family: str = field(default="PF02826", metadata=help_text("pyhmmer-shipped HMM of the pfam tier (notes §5.1)"))
     pfam_hit_margin: float = field(default=0.3, metadata=help_text(
         "pfam claim: DPLM − MLM hmmsearch hit rate (E < 1e-5) (issue)"))
@@ -68,7 +70,7 @@ class Config(ExperimentConfig):
     hidden: int = field(default=64, metadata=help_text("d of the ESM backbone (notes §5.4 CI config: 64)"))
     layers: int = field(default=2, metadata=help_text("transformer layers (notes §5.4 CI config: 2)"))
     heads: int = field(default=4, metadata=help_text("attention heads"))
-    steps: int = field(default=400, metadata=help_text(
+    steps: int = field(default=300, metadata=help_text(
         "training steps, equal for every arm (ours; sized to the CPU budget; the first full run used 800)"))
     batch_size: int = field(default=32, metadata=help_text("B (notes §5.4)"))
     warmup: int = field(default=100, metadata=help_text("linear warmup steps (notes §5.4: 200 at 3000 steps)"))
@@ -88,15 +90,15 @@ class Config(ExperimentConfig):
     ft_lr_grid: tuple[float, ...] = field(default=(3e-4, 1e-3, 3e-3), metadata=help_text(
         "fine-tuning lr grid (small lrs, at and below the pretraining lrs), tuned per (arm, task) on seed 0's "
         "validation accuracy"))
-    ft_residue_steps: int = field(default=60, metadata=help_text(
+    ft_residue_steps: int = field(default=40, metadata=help_text(
         "fine-tuning steps (batch `batch_size`) for per-residue structure on the `probe_train` labelled sequences "
-        "(~6 epochs), the same for every model"))
-    ft_sequence_steps: int = field(default=100, metadata=help_text(
-        "fine-tuning steps (batch `batch_size`) for peptide classification (~1.2 epochs), the same for every model"))
+        "(~4 epochs), the same for every model"))
+    ft_sequence_steps: int = field(default=60, metadata=help_text(
+        "fine-tuning steps (batch `batch_size`) for peptide classification (~0.7 epoch), the same for every model"))
     mlm_warm_start: float = field(default=0.5, metadata=help_text(
         "fraction of DPLM's steps spent on the masked-LM objective before the diffusion objective (official "
         "two-stage recipe: ESM-2 init, then diffusion; notes §2.4); total steps equal every arm's"))
-    tune_steps: int = field(default=400, metadata=help_text(
+    tune_steps: int = field(default=300, metadata=help_text(
         "steps of each tuning run; equal to `steps` (the default), the tuning run at the picked lr is seed 0's model"))
     num_timesteps: int = field(default=500, metadata=help_text("T of the diffusion (official 500)"))
     n_samples: int = field(default=64, metadata=help_text("generated sequences per model and seed"))
@@ -105,8 +107,9 @@ class Config(ExperimentConfig):
     guidance_scales: tuple[float, ...] = field(default=(0.0, 1.0, 2.0, 4.0), metadata=help_text(
         "η values of classifier guidance, increasing from 0 (notes §5.4: {0, 1, 2, 4})"))
     guidance_samples: int = field(default=32, metadata=help_text("guided samples per η and seed"))
-    head_steps: int = field(default=300, metadata=help_text("training steps of the noisy SS head"))
-    adapter_steps: int = field(default=300, metadata=help_text(
+    head_steps: int = field(default=200, metadata=help_text(
+        "training steps of the noisy SS head (the first full run used 300)"))
+    adapter_steps: int = field(default=200, metadata=help_text(
         "training steps of the structure adapter (ours; the first full run used 400)"))
     adapter_samples: int = field(default=32, metadata=help_text("structure-conditioned designs per seed"))
     gen_margin: float = field(default=0.3, metadata=help_text("claim 1: DPLM − MLM per-residue log-lik (issue)"))
@@ -119,7 +122,7 @@ class Config(ExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         w = "Config"
-        val.one_of(w, "tier", self.tier, ("grammar", "pfam"))
+        val.one_of(w, "tier", self.tier, ("grammar", "pfam", "proteins"))
         val.one_of(w, "peptide_set", self.peptide_set, PEPTIDE_SETS)
         for name in ("length", "n_train", "n_val", "n_test", "hidden", "layers", "heads", "steps", "batch_size",
                      "tune_steps", "num_timesteps", "n_samples", "probe_train", "scaffold_samples",
@@ -190,7 +193,23 @@ def pfam_data(cfg: Config, seed: int) -> dict[str, Any]:
 
 
 def tier_data(cfg: Config, seed: int) -> dict[str, Any]:
-    return pfam_data(cfg, seed) if cfg.tier == "pfam" else grammar_data(cfg, seed)
+    return {"pfam": pfam_data, "proteins": protein_data}.get(cfg.tier, grammar_data)(cfg, seed)
+
+
+def protein_data(cfg: Config, seed: int) -> dict[str, Any]:
+    """Windows of ``length`` residues of pyhmmer's real bacterial proteins, split by protein (shuffled with the
+    seed): train / validation / test windows (at most ``n_train`` / ``n_val`` / ``n_test``)."""
+    from icml24.dplm.data import protein_windows, real_proteins
+
+    prots = real_proteins()
+    order = numpy_generator(60_000 + seed).permutation(len(prots))
+    n_val_p = n_test_p = len(prots) // 10
+    groups = {"val": order[:n_val_p], "test": order[n_val_p:n_val_p + n_test_p], "train": order[n_val_p + n_test_p:]}
+    out: dict[str, Any] = {}
+    for name, idx in groups.items():
+        w = protein_windows([prots[i] for i in idx], cfg.length)[:getattr(cfg, f"n_{name}")]
+        out[name] = encode(w).to(cfg.device)
+    return out
 
 
 def grammar_data(cfg: Config, seed: int) -> dict[str, Any]:
@@ -343,13 +362,17 @@ def representations(cfg: Config, nets: dict[str, torch.nn.Module], data: dict[st
     for name, net in {**{a: nets[a] for a in ARMS}, "random": random_net}.items():
         f_tr, f_te = (pooled_features(net, pep[k][0]).cpu().numpy() for k in ("train", "test"))
         out[name] = {"pep_probe": linear_probe_accuracy(f_tr, y_tr, f_te, y_te)}
-    out["random"]["probe_acc"] = probe_accuracy(random_net, data, cfg.probe_train)
+    structure = "train_ss" in data  # the proteins tier has no structure labels
+    if structure:
+        out["random"]["probe_acc"] = probe_accuracy(random_net, data, cfg.probe_train)
     out["composition"] = {"pep_probe": linear_probe_accuracy(composition(pep["train"][0]), y_tr,
                                                              composition(pep["test"][0]), y_te)}
     n = cfg.probe_train
-    tasks = {"ss_ft": ("residue", 3, (data["train"][:n], data["train_ss"][:n]), (data["val"], data["val_ss"]),
-                       (data["test"], data["test_ss"]), cfg.ft_residue_steps),
+    tasks = {"ss_ft": ("residue", 3, (data["train"][:n], data.get("train_ss", data["train"])[:n]),
+                       (data["val"], data.get("val_ss")), (data["test"], data.get("test_ss")), cfg.ft_residue_steps),
              "pep_ft": ("sequence", 2, pep["train"], pep["val"], pep["test"], cfg.ft_sequence_steps)}
+    if not structure:
+        del tasks["ss_ft"]
     tuning: dict[str, Any] = {}
     for arm in ARMS:
         for metric, (task, n_classes, tr, va, te, steps) in tasks.items():
@@ -457,6 +480,22 @@ def run_seed_pfam(cfg: Config, seed: int, lrs: dict[str, float], cache: dict[tup
     return metrics, {"examples": {arm: decode(samples[arm][:3]) for arm in samples}}
 
 
+def run_seed_proteins(cfg: Config, seed: int, lrs: dict[str, float], ft_lrs: dict[str, float] | None = None,
+                      cache: dict[tuple, torch.nn.Module] | None = None
+                      ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The real-protein tier: models pretrained on windows of real proteins, judged on the peptide tasks."""
+    data = protein_data(cfg, seed)
+    nets = _train_arms(cfg, data, lrs, seed, cache)
+    metrics: dict[str, dict[str, Any]] = {
+        name: {"val_loss": validation_loss(net, data["val"], ARMS.get(name, SCRATCH)[0],
+                                           num_timesteps=cfg.num_timesteps)} for name, net in nets.items()}
+    metrics["ar"]["heldout_nll"] = float(autoregressive_nll(nets["ar"], data["test"]).mean())
+    rep, ft_tuning = representations(cfg, nets, data, seed, ft_lrs)
+    for arm, m in rep.items():
+        metrics.setdefault(arm, {}).update(m)
+    return metrics, {"examples": {}, "ft_tuning": ft_tuning}
+
+
 def _masked_arms(nets: dict[str, torch.nn.Module]) -> list[str]:
     return [a for a in ("dplm", "mlm", "dplm_scratch") if a in nets]
 
@@ -482,8 +521,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         if cfg.tier == "pfam":
             metrics, extra = run_seed_pfam(cfg, seed, lrs, cache)
         else:
-            metrics, extra = run_seed(cfg, seed, lrs, None if ft_tuning is None
-                                      else {k: t["lr"] for k, t in ft_tuning.items()}, cache)
+            metrics, extra = (run_seed_proteins if cfg.tier == "proteins" else run_seed)(
+                cfg, seed, lrs, None if ft_tuning is None else {k: t["lr"] for k, t in ft_tuning.items()}, cache)
             ft_tuning = ft_tuning or extra["ft_tuning"]
         cache.clear()  # only seed 0 can reuse a tuning run
         rec.add_seed(seed, metrics)
@@ -499,7 +538,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             name="fine-tuning lr lies strictly inside its grid (tuned per arm and task)",
             picks={k: t["lr"] for k, t in ft_tuning.items()}, grid=cfg.ft_lr_grid,
             threshold=cfg.interior_min_fraction))
-        checks, artifacts = _checks(cfg, rec) + interior, _plots(cfg, rec, curves, out_dir)
+        checks, artifacts = ((_checks_proteins(cfg, rec), [_plot_representations(cfg, rec, out_dir)])
+                             if cfg.tier == "proteins" else (_checks(cfg, rec), _plots(cfg, rec, curves, out_dir)))
+        checks += interior
     return rec.finish(checks, artifacts=artifacts, extra={"tuning": tuning, "fine_tune_tuning": ft_tuning,
                                                           "guidance_curves": curves, "sample_examples": examples})
 
@@ -560,17 +601,7 @@ def _checks(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
                    method_arm="dplm", baseline_arm="ar", direction=">=", threshold=0.0, kind="mechanism"),
     ]
     pep = f"{cfg.peptide_set} peptides"
-    for metric, what, paper in (
-            ("pep_probe", f"frozen probe, {pep}", "notes §5.4: AMP-vs-UniProt probe, DPLM ≳ MLM ≫ AR"),
-            ("ss_ft", "fine-tuned, per-residue structure", "fine-tuned DPLM-650M ≥ ESM2-650M on 9/9 tasks"),
-            ("pep_ft", f"fine-tuned, {pep}", "fine-tuned AR-LM much worse (HumanPPI 68.5 vs 86.4)")):
-        checks += [
-            rec.paired(name=f"representation ({what}): DPLM no worse than MLM by > 2 pt", metric=metric,
-                       method_arm="dplm", baseline_arm="mlm", direction=">=", threshold=-cfg.probe_mlm_margin,
-                       kind="claim", paper_value=paper),
-            rec.paired(name=f"representation ({what}): DPLM beats AR by >= 3 pt", metric=metric,
-                       method_arm="dplm", baseline_arm="ar", direction=">=", threshold=cfg.probe_ar_margin,
-                       kind="claim", paper_value=paper)]
+    checks += _representation_claims(cfg, rec, ("pep_probe", "ss_ft", "pep_ft"))
     checks += [
         rec.paired(name="pretraining transfers: DPLM probe vs a random-init network's (per-residue structure)",
                    metric="probe_acc", method_arm="dplm", baseline_arm="random", direction=">=", threshold=0.0,
@@ -615,8 +646,9 @@ def _plot_representations(cfg: Config, rec: RunRecorder, out_dir: Path) -> Path:
     arms, colors = ("dplm", "mlm", "ar", "random"), ("C0", "C1", "C2", "grey")
     panels = (("probe_acc", "structure, frozen probe"), ("ss_ft", "structure, fine-tuned"),
               ("pep_probe", f"{cfg.peptide_set}, frozen probe"), ("pep_ft", f"{cfg.peptide_set}, fine-tuned"))
-    fig, axes = new_figure(len(panels))
     summary = rec.summary()
+    panels = tuple(p for p in panels if p[0] in summary.get("dplm", {}))
+    fig, axes = new_figure(len(panels))
     for ax, (metric, title) in zip(axes, panels):
         shown = [a for a in arms if metric in summary.get(a, {})]
         vals = [rec.values(a, metric) for a in shown]
@@ -627,6 +659,31 @@ def _plot_representations(cfg: Config, rec: RunRecorder, out_dir: Path) -> Path:
         ax.set_title(title, fontsize=9)
     axes[0].set_ylabel("accuracy (%)")
     return save_figure(fig, out_dir / "representations.png")
+
+
+def _representation_claims(cfg: Config, rec: RunRecorder, metrics: tuple[str, ...]) -> list[ClaimCheck]:
+    pep = f"{cfg.peptide_set} peptides"
+    about = {"pep_probe": (f"frozen probe, {pep}", "notes §5.4: AMP-vs-UniProt probe, DPLM ≳ MLM ≫ AR"),
+             "ss_ft": ("fine-tuned, per-residue structure", "fine-tuned DPLM-650M ≥ ESM2-650M on 9/9 tasks"),
+             "pep_ft": (f"fine-tuned, {pep}", "fine-tuned AR-LM much worse (HumanPPI 68.5 vs 86.4)")}
+    checks = []
+    for metric in metrics:
+        what, paper = about[metric]
+        checks += [
+            rec.paired(name=f"representation ({what}): DPLM no worse than MLM by > 2 pt", metric=metric,
+                       method_arm="dplm", baseline_arm="mlm", direction=">=", threshold=-cfg.probe_mlm_margin,
+                       kind="claim", paper_value=paper),
+            rec.paired(name=f"representation ({what}): DPLM beats AR by >= 3 pt", metric=metric,
+                       method_arm="dplm", baseline_arm="ar", direction=">=", threshold=cfg.probe_ar_margin,
+                       kind="claim", paper_value=paper)]
+    return checks
+
+
+def _checks_proteins(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
+    return _representation_claims(cfg, rec, ("pep_probe", "pep_ft")) + [
+        rec.paired(name=f"pretraining transfers: DPLM probe vs a random-init network's ({cfg.peptide_set})",
+                   metric="pep_probe", method_arm="dplm", baseline_arm="random", direction=">=", threshold=0.0,
+                   kind="mechanism")]
 
 
 def _checks_pfam(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
