@@ -80,3 +80,14 @@ def test_peptide_split_is_disjoint_stratified_cropped_and_seeded():
     assert peptide_split("AMPvsUniProt", seed=1, max_length=64)["test"][0] != sp["test"][0]
     with pytest.raises(ValueError, match="fractions"):
         peptide_split("AMPvsTMset", seed=0, max_length=64, fractions=(0.9, 0.2))
+
+
+def test_real_proteins_and_their_windows():
+    from icml24.dplm.data import protein_windows, real_proteins
+
+    prots = real_proteins()
+    assert len(prots) == 2100 and not any("*" in p for p in prots)
+    assert sum(map(len, prots)) == pytest.approx(682_583 - 2100, abs=2100)  # stop codons stripped
+    w = protein_windows(prots[:50], 64)
+    assert w and all(len(x) == 64 and set(x) <= set(AMINO_ACIDS) for x in w)
+    assert len(w) <= sum(len(p) // 64 for p in prots[:50])
