@@ -48,3 +48,46 @@ def test_peptide_sets_and_bad_names():
         peptides("nope")
     with pytest.raises(ValueError, match="available"):
         pfam_hmm("PF99999")
+
+
+@pytest.mark.parametrize("name, loader", [("AMPvsUniProt", "load_AMPvsUniProt"), ("AMPvsTMset", "load_AMPvsTM")])
+def test_peptide_loader_matches_modlamps_own_loader(name, loader):
+    """The CSV reader returns modlamp's sequences and targets (1 = AMP, the second target name)."""
+    datasets = pytest.importorskip("modlamp.datasets")
+    ref = getattr(datasets, loader)()
+    seqs, y = peptides(name)
+    assert seqs == list(ref.sequences) and y.tolist() == list(ref.target) and ref.target_names[1] == "AMP"
+
+
+def test_antimicrobial_label_marks_cationic_peptides():
+    """AMPs are cationic: net charge per residue (K + R − D − E) / L well above the transmembrane class's."""
+    seqs, y = peptides("AMPvsTMset")
+    charge = np.array([(sum(s.count(c) for c in "KR") - sum(s.count(c) for c in "DE")) / len(s) for s in seqs])
+    assert charge[y == 1].mean() > charge[y == 0].mean() + 0.05
+
+
+def test_peptide_split_is_disjoint_stratified_cropped_and_seeded():
+    from icml24.dplm.data import peptide_split
+
+    sp = peptide_split("AMPvsUniProt", seed=0, max_length=64)
+    sets = {k: set(s) for k, (s, _) in sp.items()}
+    assert not (sets["train"] & sets["test"]) and not (sets["train"] & sets["val"]) and not (sets["val"] & sets["test"])
+    n = sum(len(s) for s in sets.values())
+    assert abs(len(sets["train"]) / n - 0.6) < 0.01 and abs(len(sets["test"]) / n - 0.2) < 0.01
+    assert all(len(p) <= 64 for seqs, _ in sp.values() for p in seqs)
+    assert abs(sp["train"][1].mean() - sp["test"][1].mean()) < 0.01
+    assert peptide_split("AMPvsUniProt", seed=0, max_length=64)["test"][0] == sp["test"][0]
+    assert peptide_split("AMPvsUniProt", seed=1, max_length=64)["test"][0] != sp["test"][0]
+    with pytest.raises(ValueError, match="fractions"):
+        peptide_split("AMPvsTMset", seed=0, max_length=64, fractions=(0.9, 0.2))
+
+
+def test_real_proteins_and_their_windows():
+    from icml24.dplm.data import protein_windows, real_proteins
+
+    prots = real_proteins()
+    assert len(prots) == 2100 and not any("*" in p for p in prots)
+    assert sum(map(len, prots)) == pytest.approx(682_583 - 2100, abs=2100)  # stop codons stripped
+    w = protein_windows(prots[:50], 64)
+    assert w and all(len(x) == 64 and set(x) <= set(AMINO_ACIDS) for x in w)
+    assert len(w) <= sum(len(p) // 64 for p in prots[:50])

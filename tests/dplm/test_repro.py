@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from icml24.dplm.experiment import Config, run
 
@@ -19,10 +20,19 @@ def test_quick_run_writes_a_complete_result(quick):
     res, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["slug"] == "dplm" and d["mode"] == "quick" and d["seeds"] == [0, 1]
-    assert {"data", "dplm", "mlm", "ar", "dplm_scratch", "guided", "adapter"} <= set(d["summary"])
-    for name in ("generation_probes.png", "guidance.png"):
+    assert {"data", "dplm", "mlm", "ar", "random", "composition", "guided", "adapter"} <= set(d["summary"])
+    assert "dplm_scratch" not in d["summary"]  # off by default (Config.scratch_arm)
+    for arm in ("dplm", "mlm", "ar"):
+        assert {"probe_acc", "pep_probe", "ss_ft", "pep_ft"} <= set(d["summary"][arm])
+        assert all(0 <= r["metrics"][arm]["pep_ft"] <= 100 for r in d["per_seed"])
+    for name in ("generation_probes.png", "guidance.png", "representations.png"):
         assert (out / name).stat().st_size > 1000
     assert set(d["extra"]["tuning"]) == {"dplm", "mlm", "ar"}
+    cfg = Config.quick()
+    assert all(t["lr"] in cfg.lr_grid and len(t["val_loss"]) == len(cfg.lr_grid) for t in d["extra"]["tuning"].values())
+    ft = d["extra"]["fine_tune_tuning"]
+    assert set(ft) == {f"{a}:{m}" for a in ("dplm", "mlm", "ar") for m in ("ss_ft", "pep_ft")}
+    assert all(t["lr"] in cfg.ft_lr_grid for t in ft.values())
 
 
 def test_checks_are_labelled_and_paired(quick):
@@ -31,9 +41,12 @@ def test_checks_are_labelled_and_paired(quick):
     claims = {k for k, kind in kinds.items() if kind == "claim"}
     assert claims == {("dplm", "loglik", "mlm"), ("dplm", "probe_acc", "mlm"), ("dplm", "probe_acc", "ar"),
                       ("dplm", "scaffold_success", "mlm"), ("guided", "helix_gain", None),
-                      ("guided", "loglik_drop", None), ("adapter", "ss_agreement", "dplm")}
+                      ("guided", "loglik_drop", None), ("adapter", "ss_agreement", "dplm"),
+                      *((("dplm", m, b) for m in ("pep_probe", "ss_ft", "pep_ft") for b in ("mlm", "ar")))}
     assert kinds[("guided", "unrealisable_loglik_drop", None)] == kinds[("ar", "ar_excess_nll", None)] == "sanity"
-    assert kinds[("dplm_scratch", "loglik", "mlm")] == "mechanism"
+    assert kinds[("dplm", "pep_probe", "random")] == kinds[("dplm", "probe_acc", "random")] == "mechanism"
+    interior = [c for c in res.claim_checks if c.metric == "interior_fraction"]
+    assert len(interior) == 2 and all(c.kind == "sanity" for c in interior)
     c = next(c for c in res.claim_checks if c.metric == "loglik" and c.method_arm == "dplm" and c.baseline_arm == "mlm")
     d = [r["metrics"]["dplm"]["loglik"] - r["metrics"]["mlm"]["loglik"] for r in res.per_seed]
     assert c.measured == pytest.approx(sum(d) / len(d)) and c.n == 2
@@ -42,7 +55,26 @@ def test_checks_are_labelled_and_paired(quick):
 
 
 @pytest.mark.parametrize("kw, msg", [(dict(length=5), "length"), (dict(guidance_scales=(1.0, 2.0)), "start at 0"),
-                                     (dict(lr_grid=()), "lr_grid"), (dict(probe_train=10 ** 6), "probe_train")])
+                                     (dict(lr_grid=()), "lr_grid"), (dict(probe_train=10 ** 6), "probe_train"),
+                                     (dict(peptide_set="nope"), "peptide_set"), (dict(ft_lr_grid=(0.0,)), "ft_lr_grid"),
+                                     (dict(interior_min_fraction=1.5), "interior_min_fraction")])
 def test_config_rejects_bad_values(kw, msg):
     with pytest.raises(ValueError, match=msg):
         Config(**kw)
+
+
+def test_tuning_run_at_the_full_budget_is_seed_zeros_model():
+    """With tune_steps == steps the picked tuning run is reused for seed 0, and retraining gives the same weights."""
+    from icml24.dplm.experiment import _train, _train_arms, grammar_data, tune_lrs, ARMS
+
+    cfg = Config(seeds=(0,), length=16, n_train=64, n_val=16, n_test=16, hidden=16, layers=1, heads=2, steps=4,
+                 tune_steps=4, warmup=1, batch_size=8, lr_grid=(1e-3, 4e-3, 1.6e-2), probe_train=16,
+                 adapter_samples=8)
+    data = grammar_data(cfg, 0)
+    cache = {}
+    tuning = tune_lrs(cfg, data, cache)
+    lrs = {k: t["lr"] for k, t in tuning.items()}
+    nets = _train_arms(cfg, data, lrs, 0, cache)
+    assert all(nets[a] is cache[(a, lrs[a], 4, 0)] for a in ARMS)
+    again = _train(cfg, ARMS["dplm"], data["train"], lr=lrs["dplm"], steps=4, seed=0)
+    assert all(torch.equal(p, q) for p, q in zip(again.parameters(), nets["dplm"].parameters()))

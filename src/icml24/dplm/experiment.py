@@ -40,8 +40,10 @@ from icml24.dplm.grammar import MOTIF, SS_CLASSES, ProteinGrammar
 from icml24.dplm.guidance import StructureGuidance, train_structure_head
 from icml24.dplm.models import build_esm, residue_features
 from icml24.dplm.adapter import StructureAdapter, train_adapter
+from icml24.dplm.data import PEPTIDE_SETS
+from icml24.dplm.represent import fine_tune, fine_tuned_accuracy, linear_probe_accuracy, pooled_features
 from icml24.dplm.sampler import generate, generate_autoregressive, masked_init, reparam_decode, scaffold_init
-from icml24.dplm.tokens import decode, encode, residue_ids_to_tokens, tokens_to_residue_ids
+from icml24.dplm.tokens import AMINO_ACIDS, decode, encode, residue_ids_to_tokens, tokens_to_residue_ids
 from icml24.dplm.train import autoregressive_nll, train_lm, validation_loss
 
 SLUG = "dplm"
@@ -54,8 +56,10 @@ SCRATCH = ("diffusion", False)  # DPLM without the masked-LM stage (reported bes
 class Config(ExperimentConfig):
     seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=help_text("seeds (issue: >= 5)"))
     tier: str = field(default="grammar", metadata=help_text(
-        "grammar (the synthetic protein grammar, all five parts) or pfam (slow variant: Pfam family members "
-        "emitted by pyhmmer; generation judged by hmmsearch, structure probes on the HMM's DSSP consensus)"))
+        "grammar (the synthetic protein grammar, all five parts), pfam (slow variant: Pfam family members "
+        "emitted by pyhmmer; generation judged by hmmsearch, structure probes on the HMM's DSSP consensus) or "
+        "proteins (slow variant: pretraining on windows of pyhmmer's 2,100 real bacterial proteins; peptide "
+        "probes and fine-tuning only)"))
     pfam_family: str = field(default="PF02826", metadata=help_text("pyhmmer-shipped HMM of the pfam tier (notes §5.1)"))
     pfam_hit_margin: float = field(default=0.3, metadata=help_text(
         "pfam claim: DPLM − MLM hmmsearch hit rate (E < 1e-5) (issue)"))
@@ -66,15 +70,36 @@ class Config(ExperimentConfig):
     hidden: int = field(default=64, metadata=help_text("d of the ESM backbone (notes §5.4 CI config: 64)"))
     layers: int = field(default=2, metadata=help_text("transformer layers (notes §5.4 CI config: 2)"))
     heads: int = field(default=4, metadata=help_text("attention heads"))
-    steps: int = field(default=800, metadata=help_text("training steps, equal for every arm (ours; sized to the CPU budget)"))
+    steps: int = field(default=300, metadata=help_text(
+        "training steps, equal for every arm (ours; sized to the CPU budget; the first full run used 800)"))
     batch_size: int = field(default=32, metadata=help_text("B (notes §5.4)"))
     warmup: int = field(default=100, metadata=help_text("linear warmup steps (notes §5.4: 200 at 3000 steps)"))
-    lr_grid: tuple[float, ...] = field(default=(1e-3, 2e-3), metadata=help_text(
-        "lr grid, tuned per arm on seed 0's validation loss (notes §5.4: 1e-3)"))
+    lr_grid: tuple[float, ...] = field(default=(1e-3, 4e-3, 1.6e-2, 6.4e-2), metadata=help_text(
+        "pretraining lr grid, tuned per arm on seed 0's validation loss (notes §5.4: 1e-3). The first full run's "
+        "{1e-3, 2e-3} was tuned at its top by every arm, and a validation pilot on seed 0 (400 steps) still "
+        "improved the masked LM's loss at 8e-3 and 1.6e-2, so the grid spans 1e-3 to 6.4e-2 in factors of 4"))
+    interior_min_fraction: float = field(default=0.5, metadata=help_text(
+        "sanity: the fraction of tuned lrs strictly inside their grid must be >= this (pretraining picks, and "
+        "separately fine-tuning picks); else 'best-tuned' is only best on a truncated grid (fixed before the run)"))
+    scratch_arm: bool = field(default=False, metadata=help_text(
+        "also train DPLM from scratch (no masked-LM stage) as a reported arm (the first full run did: it was the "
+        "worst generator, −2.77 nats; off by default to fit the CPU budget)"))
+    peptide_set: str = field(default="AMPvsUniProt", metadata=help_text(
+        "modlamp peptide set for sequence classification (notes §5.4: AMP vs UniProt); 60/20/20 stratified split "
+        "per seed, peptides cropped to `length`"))
+    ft_lr_grid: tuple[float, ...] = field(default=(3e-4, 1e-3, 3e-3), metadata=help_text(
+        "fine-tuning lr grid (small lrs, at and below the pretraining lrs), tuned per (arm, task) on seed 0's "
+        "validation accuracy"))
+    ft_residue_steps: int = field(default=40, metadata=help_text(
+        "fine-tuning steps (batch `batch_size`) for per-residue structure on the `probe_train` labelled sequences "
+        "(~4 epochs), the same for every model"))
+    ft_sequence_steps: int = field(default=60, metadata=help_text(
+        "fine-tuning steps (batch `batch_size`) for peptide classification (~0.7 epoch), the same for every model"))
     mlm_warm_start: float = field(default=0.5, metadata=help_text(
         "fraction of DPLM's steps spent on the masked-LM objective before the diffusion objective (official "
         "two-stage recipe: ESM-2 init, then diffusion; notes §2.4); total steps equal every arm's"))
-    tune_steps: int = field(default=400, metadata=help_text("steps of each tuning run (half the budget, ours)"))
+    tune_steps: int = field(default=300, metadata=help_text(
+        "steps of each tuning run; equal to `steps` (the default), the tuning run at the picked lr is seed 0's model"))
     num_timesteps: int = field(default=500, metadata=help_text("T of the diffusion (official 500)"))
     n_samples: int = field(default=64, metadata=help_text("generated sequences per model and seed"))
     probe_train: int = field(default=300, metadata=help_text("sequences for fitting the SS probes"))
@@ -82,8 +107,10 @@ class Config(ExperimentConfig):
     guidance_scales: tuple[float, ...] = field(default=(0.0, 1.0, 2.0, 4.0), metadata=help_text(
         "η values of classifier guidance, increasing from 0 (notes §5.4: {0, 1, 2, 4})"))
     guidance_samples: int = field(default=32, metadata=help_text("guided samples per η and seed"))
-    head_steps: int = field(default=300, metadata=help_text("training steps of the noisy SS head"))
-    adapter_steps: int = field(default=400, metadata=help_text("training steps of the structure adapter (ours)"))
+    head_steps: int = field(default=200, metadata=help_text(
+        "training steps of the noisy SS head (the first full run used 300)"))
+    adapter_steps: int = field(default=200, metadata=help_text(
+        "training steps of the structure adapter (ours; the first full run used 400)"))
     adapter_samples: int = field(default=32, metadata=help_text("structure-conditioned designs per seed"))
     gen_margin: float = field(default=0.3, metadata=help_text("claim 1: DPLM − MLM per-residue log-lik (issue)"))
     probe_mlm_margin: float = field(default=2.0, metadata=help_text("claim 2: DPLM ≥ MLM − this, points (issue)"))
@@ -95,10 +122,12 @@ class Config(ExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         w = "Config"
-        val.one_of(w, "tier", self.tier, ("grammar", "pfam"))
+        val.one_of(w, "tier", self.tier, ("grammar", "pfam", "proteins"))
+        val.one_of(w, "peptide_set", self.peptide_set, PEPTIDE_SETS)
         for name in ("length", "n_train", "n_val", "n_test", "hidden", "layers", "heads", "steps", "batch_size",
                      "tune_steps", "num_timesteps", "n_samples", "probe_train", "scaffold_samples",
-                     "guidance_samples", "head_steps", "adapter_steps", "adapter_samples"):
+                     "guidance_samples", "head_steps", "adapter_steps", "adapter_samples", "ft_residue_steps",
+                     "ft_sequence_steps"):
             val.integer(w, name, getattr(self, name), minimum=1)
         val.integer(w, "warmup", self.warmup, minimum=0)
         if self.length < len(MOTIF) + 4:
@@ -106,6 +135,8 @@ class Config(ExperimentConfig):
         if self.probe_train > self.n_train or self.adapter_samples > self.n_test:
             raise ValueError(f"{w}: probe_train must be <= n_train and adapter_samples <= n_test")
         val.each(w, "lr_grid", self.lr_grid, val.positive)
+        val.each(w, "ft_lr_grid", self.ft_lr_grid, val.positive)
+        val.probability(w, "interior_min_fraction", self.interior_min_fraction)
         val.each(w, "guidance_scales", self.guidance_scales, val.non_negative)
         if self.guidance_scales[0] != 0 or list(self.guidance_scales) != sorted(set(self.guidance_scales)):
             raise ValueError(f"{w}: guidance_scales must start at 0 and increase, got {self.guidance_scales!r}")
@@ -116,9 +147,10 @@ class Config(ExperimentConfig):
     @classmethod
     def quick(cls) -> Config:
         return cls(seeds=(0, 1), length=24, n_train=600, n_val=64, n_test=64, hidden=32, layers=1, steps=60,
-                   warmup=10, lr_grid=(2e-3,), tune_steps=20, n_samples=8, probe_train=32, scaffold_samples=8,
-                   guidance_scales=(0.0, 2.0), guidance_samples=8, head_steps=20, adapter_steps=20,
-                   adapter_samples=8)
+                   warmup=10, lr_grid=(1e-3, 2e-3, 4e-3), tune_steps=10, n_samples=8, probe_train=32,
+                   scaffold_samples=8, guidance_scales=(0.0, 2.0), guidance_samples=8, head_steps=20,
+                   adapter_steps=20, adapter_samples=8, peptide_set="AMPvsTMset", ft_lr_grid=(3e-4, 1e-3, 3e-3),
+                   ft_residue_steps=5, ft_sequence_steps=5)
 
 
     @classmethod
@@ -126,10 +158,10 @@ class Config(ExperimentConfig):
         """The slow variant: the Pfam PF02826 tier (members of ~180 residues), generation and probes only.
 
         CLI: ``icml24 run dplm --out results/dplm/slow_pfam --set tier=pfam --set length=180 --set n_train=3000
-        --set steps=1000 --set tune_steps=400 --set lr_grid=1e-3,2e-3 --set n_samples=48``
+        --set steps=1000 --set tune_steps=1000 --set n_samples=48`` (the committed Pfam run is smaller and
+        predates the wider lr grid; see the README)
         """
-        return cls(tier="pfam", length=180, n_train=3000, steps=1000, tune_steps=400, lr_grid=(1e-3, 2e-3),
-                   n_samples=48)
+        return cls(tier="pfam", length=180, n_train=3000, steps=1000, tune_steps=1000, n_samples=48)
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -161,7 +193,23 @@ def pfam_data(cfg: Config, seed: int) -> dict[str, Any]:
 
 
 def tier_data(cfg: Config, seed: int) -> dict[str, Any]:
-    return pfam_data(cfg, seed) if cfg.tier == "pfam" else grammar_data(cfg, seed)
+    return {"pfam": pfam_data, "proteins": protein_data}.get(cfg.tier, grammar_data)(cfg, seed)
+
+
+def protein_data(cfg: Config, seed: int) -> dict[str, Any]:
+    """Windows of ``length`` residues of pyhmmer's real bacterial proteins, split by protein (shuffled with the
+    seed): train / validation / test windows (at most ``n_train`` / ``n_val`` / ``n_test``)."""
+    from icml24.dplm.data import protein_windows, real_proteins
+
+    prots = real_proteins()
+    order = numpy_generator(60_000 + seed).permutation(len(prots))
+    n_val_p = n_test_p = len(prots) // 10
+    groups = {"val": order[:n_val_p], "test": order[n_val_p:n_val_p + n_test_p], "train": order[n_val_p + n_test_p:]}
+    out: dict[str, Any] = {}
+    for name, idx in groups.items():
+        w = protein_windows([prots[i] for i in idx], cfg.length)[:getattr(cfg, f"n_{name}")]
+        out[name] = encode(w).to(cfg.device)
+    return out
 
 
 def grammar_data(cfg: Config, seed: int) -> dict[str, Any]:
@@ -204,21 +252,31 @@ def _train(cfg: Config, arm: tuple[str, bool], tokens: torch.Tensor, *, lr: floa
     return net
 
 
-def tune_lrs(cfg: Config, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def tune_lrs(cfg: Config, data: dict[str, Any], cache: dict[tuple, torch.nn.Module] | None = None
+             ) -> dict[str, dict[str, Any]]:
     """Each arm's lr: the grid value with the lowest validation loss of its own objective (same grid and steps
-    for every arm)."""
+    for every arm), from runs on seed 0's data. The picked run's network is stored in ``cache`` under
+    ``(arm, lr, tune_steps, 0)``: with ``tune_steps == steps`` it is seed 0's model (the same training run)."""
     out = {}
     for name, arm in ARMS.items():
-        losses = {lr: validation_loss(_train(cfg, arm, data["train"], lr=lr, steps=cfg.tune_steps, seed=0),
-                                      data["val"], arm[0], num_timesteps=cfg.num_timesteps) for lr in cfg.lr_grid}
-        out[name] = {"lr": min(losses, key=losses.get), "val_loss": {str(k): v for k, v in losses.items()}}
+        nets = {lr: _train(cfg, arm, data["train"], lr=lr, steps=cfg.tune_steps, seed=0) for lr in cfg.lr_grid}
+        losses = {lr: validation_loss(net, data["val"], arm[0], num_timesteps=cfg.num_timesteps)
+                  for lr, net in nets.items()}
+        best = min(losses, key=losses.get)
+        out[name] = {"lr": best, "val_loss": {str(k): v for k, v in losses.items()}}
+        if cache is not None:
+            cache[(name, best, cfg.tune_steps, 0)] = nets[best]
     return out
 
 
-def _train_arms(cfg: Config, data: dict[str, Any], lrs: dict[str, float], seed: int) -> dict[str, torch.nn.Module]:
-    nets = {name: _train(cfg, arm, data["train"], lr=lrs[name], steps=cfg.steps, seed=seed)
+def _train_arms(cfg: Config, data: dict[str, Any], lrs: dict[str, float], seed: int,
+                cache: dict[tuple, torch.nn.Module] | None = None) -> dict[str, torch.nn.Module]:
+    cache = cache or {}
+    nets = {name: cache.get((name, lrs[name], cfg.steps, seed))
+            or _train(cfg, arm, data["train"], lr=lrs[name], steps=cfg.steps, seed=seed)
             for name, arm in ARMS.items()}
-    nets["dplm_scratch"] = _train(cfg, SCRATCH, data["train"], lr=lrs["dplm"], steps=cfg.steps, seed=seed)
+    if cfg.scratch_arm:
+        nets["dplm_scratch"] = _train(cfg, SCRATCH, data["train"], lr=lrs["dplm"], steps=cfg.steps, seed=seed)
     return nets
 
 
@@ -272,10 +330,74 @@ def scaffold(net: torch.nn.Module, cfg: Config, starts: np.ndarray, seed: int) -
     return reparam_decode(net, init, partial_mask=pm, max_iter=cfg.length, generator=torch_generator(seed))
 
 
-def run_seed(cfg: Config, seed: int, lrs: dict[str, float]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+def peptide_data(cfg: Config, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The modlamp peptide set as token / label tensors, split 60/20/20 per seed (peptides cropped to L)."""
+    from icml24.dplm.data import peptide_split
+
+    split = peptide_split(cfg.peptide_set, seed=50_000 + seed, max_length=cfg.length)
+    return {k: (encode(s).to(cfg.device), torch.as_tensor(y)) for k, (s, y) in split.items()}
+
+
+def composition(tokens: torch.Tensor) -> np.ndarray:
+    """Amino-acid composition (20 frequencies) per sequence: the model-free reference features."""
+    ids = tokens_to_residue_ids(tokens.cpu())
+    counts = torch.stack([(ids == a).sum(1) for a in range(len(AMINO_ACIDS))], 1).float()
+    return (counts / counts.sum(1, keepdim=True).clamp_min(1)).numpy()
+
+
+def representations(cfg: Config, nets: dict[str, torch.nn.Module], data: dict[str, Any], seed: int,
+                    ft_lrs: dict[str, float] | None) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+    """Frozen probes and fine-tuning of each pretrained model (and probes of a random-init network and of
+    amino-acid composition as references): per-residue structure (grammar) and peptide classification.
+
+    With ``ft_lrs=None`` each (arm, task)'s fine-tuning lr is picked on validation accuracy over
+    ``cfg.ft_lr_grid`` (the same grid and steps for every model) and the picks are returned.
+    """
+    pep = peptide_data(cfg, seed)
+    seed_everything(seed)
+    random_net = build_esm(hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
+                           max_length=model_max_length(cfg)).to(cfg.device)
+    out: dict[str, dict[str, float]] = {}
+    y_tr, y_te = pep["train"][1].numpy(), pep["test"][1].numpy()
+    for name, net in {**{a: nets[a] for a in ARMS}, "random": random_net}.items():
+        f_tr, f_te = (pooled_features(net, pep[k][0]).cpu().numpy() for k in ("train", "test"))
+        out[name] = {"pep_probe": linear_probe_accuracy(f_tr, y_tr, f_te, y_te)}
+    structure = "train_ss" in data  # the proteins tier has no structure labels
+    if structure:
+        out["random"]["probe_acc"] = probe_accuracy(random_net, data, cfg.probe_train)
+    out["composition"] = {"pep_probe": linear_probe_accuracy(composition(pep["train"][0]), y_tr,
+                                                             composition(pep["test"][0]), y_te)}
+    n = cfg.probe_train
+    tasks = {"ss_ft": ("residue", 3, (data["train"][:n], data.get("train_ss", data["train"])[:n]),
+                       (data["val"], data.get("val_ss")), (data["test"], data.get("test_ss")), cfg.ft_residue_steps),
+             "pep_ft": ("sequence", 2, pep["train"], pep["val"], pep["test"], cfg.ft_sequence_steps)}
+    if not structure:
+        del tasks["ss_ft"]
+    tuning: dict[str, Any] = {}
+    for arm in ARMS:
+        for metric, (task, n_classes, tr, va, te, steps) in tasks.items():
+            def tuned(lr: float) -> torch.nn.Module:
+                return fine_tune(nets[arm], tr[0], tr[1], task=task, n_classes=n_classes, lr=lr, steps=steps,
+                                 batch_size=cfg.batch_size, warmup=max(1, steps // 10),
+                                 generator=torch_generator(seed + 7))
+            key = f"{arm}:{metric}"
+            if ft_lrs is None:
+                models = {lr: tuned(lr) for lr in cfg.ft_lr_grid}
+                acc = {lr: fine_tuned_accuracy(m, *va) for lr, m in models.items()}
+                best = max(cfg.ft_lr_grid, key=lambda lr: (acc[lr], -lr))  # ties: the smaller lr
+                tuning[key] = {"lr": best, "val_acc": {str(k): x for k, x in acc.items()}}
+                model = models[best]
+            else:
+                model = tuned(ft_lrs[key])
+            out[arm][metric] = fine_tuned_accuracy(model, *te)
+    return out, tuning
+
+
+def run_seed(cfg: Config, seed: int, lrs: dict[str, float], ft_lrs: dict[str, float] | None = None,
+             cache: dict[tuple, torch.nn.Module] | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     data = grammar_data(cfg, seed)
     g = data["grammar"]
-    nets = _train_arms(cfg, data, lrs, seed)
+    nets = _train_arms(cfg, data, lrs, seed, cache)
     test_ll = per_residue_ll(g, data["test"])
     metrics: dict[str, dict[str, Any]] = {"data": {"loglik": float(test_ll.mean())}, **_arm_metrics(cfg, nets, data)}
     samples = _unconditional_samples(cfg, nets, seed)
@@ -290,7 +412,7 @@ def run_seed(cfg: Config, seed: int, lrs: dict[str, float]) -> tuple[dict[str, d
     lo, hi = cfg.length // 3, max(cfg.length // 3, cfg.length - cfg.length // 3 - len(MOTIF))
     starts = rng.integers(lo, hi + 1, cfg.scaffold_samples)
     floor = float(np.quantile(test_ll, 0.05))
-    for arm in ("dplm", "mlm", "dplm_scratch"):
+    for arm in _masked_arms(nets):
         metrics[arm]["scaffold_success"] = float(scaffold_success(
             g, scaffold(nets[arm], cfg, starts, seed + 2), starts, floor).mean())
 
@@ -331,16 +453,21 @@ def run_seed(cfg: Config, seed: int, lrs: dict[str, float]) -> tuple[dict[str, d
                           "recovery": float((designs[:, 1:-1] == native[:, 1:-1]).float().mean())}
     metrics["dplm"]["ss_agreement"] = ss_agreement(g, uncond, target)
     metrics["dplm"]["recovery"] = float((uncond[:, 1:-1] == native[:, 1:-1]).float().mean())
-    return metrics, {"curve": curve, "examples": {arm: decode(samples[arm][:3]) for arm in samples}}
+    rep, ft_tuning = representations(cfg, nets, data, seed, ft_lrs)
+    for arm, m in rep.items():
+        metrics.setdefault(arm, {}).update(m)
+    return metrics, {"curve": curve, "examples": {arm: decode(samples[arm][:3]) for arm in samples},
+                     "ft_tuning": ft_tuning}
 
 
-def run_seed_pfam(cfg: Config, seed: int, lrs: dict[str, float]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+def run_seed_pfam(cfg: Config, seed: int, lrs: dict[str, float], cache: dict[tuple, torch.nn.Module] | None = None
+                  ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The Pfam tier: hmmsearch hit rates of generated sequences and structure probes."""
     from icml24.dplm.data import hmm_hits
 
     data = pfam_data(cfg, seed)
     hmm = data["hmm"]
-    nets = _train_arms(cfg, data, lrs, seed)
+    nets = _train_arms(cfg, data, lrs, seed, cache)
     samples = _unconditional_samples(cfg, nets, seed)
     rng = numpy_generator(30_000 + seed)
     shuffled = ["".join(rng.permutation(list(s))) for s in data["test_seqs"]]
@@ -353,10 +480,30 @@ def run_seed_pfam(cfg: Config, seed: int, lrs: dict[str, float]) -> tuple[dict[s
     return metrics, {"examples": {arm: decode(samples[arm][:3]) for arm in samples}}
 
 
+def run_seed_proteins(cfg: Config, seed: int, lrs: dict[str, float], ft_lrs: dict[str, float] | None = None,
+                      cache: dict[tuple, torch.nn.Module] | None = None
+                      ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The real-protein tier: models pretrained on windows of real proteins, judged on the peptide tasks."""
+    data = protein_data(cfg, seed)
+    nets = _train_arms(cfg, data, lrs, seed, cache)
+    metrics: dict[str, dict[str, Any]] = {
+        name: {"val_loss": validation_loss(net, data["val"], ARMS.get(name, SCRATCH)[0],
+                                           num_timesteps=cfg.num_timesteps)} for name, net in nets.items()}
+    metrics["ar"]["heldout_nll"] = float(autoregressive_nll(nets["ar"], data["test"]).mean())
+    rep, ft_tuning = representations(cfg, nets, data, seed, ft_lrs)
+    for arm, m in rep.items():
+        metrics.setdefault(arm, {}).update(m)
+    return metrics, {"examples": {}, "ft_tuning": ft_tuning}
+
+
+def _masked_arms(nets: dict[str, torch.nn.Module]) -> list[str]:
+    return [a for a in ("dplm", "mlm", "dplm_scratch") if a in nets]
+
+
 def _unconditional_samples(cfg: Config, nets: dict[str, torch.nn.Module], seed: int) -> dict[str, torch.Tensor]:
     """``n_samples`` of ``length`` residues per model: one decoder for DPLM and the MLM, left to right for AR."""
     kw = dict(length=cfg.length, num_samples=cfg.n_samples, device=cfg.device)
-    out = {arm: generate(nets[arm], generator=torch_generator(seed + 1), **kw) for arm in ("dplm", "mlm", "dplm_scratch")}
+    out = {arm: generate(nets[arm], generator=torch_generator(seed + 1), **kw) for arm in _masked_arms(nets)}
     out["ar"] = generate_autoregressive(nets["ar"], generator=torch_generator(seed + 1), **kw)
     return out
 
@@ -365,20 +512,53 @@ def _unconditional_samples(cfg: Config, nets: dict[str, torch.nn.Module], seed: 
 def run(cfg: Config, out_dir: Path) -> RunResult:
     out_dir = Path(out_dir)
     rec = RunRecorder(SLUG, cfg, out_dir)
-    tuning = tune_lrs(cfg, tier_data(cfg, 0))
+    cache: dict[tuple, torch.nn.Module] = {}
+    tuning = tune_lrs(cfg, tier_data(cfg, 0), cache)
     lrs = {obj: t["lr"] for obj, t in tuning.items()}
     curves, examples = {}, {}
+    ft_tuning: dict[str, Any] | None = None
     for seed in cfg.seeds:
-        metrics, extra = (run_seed_pfam if cfg.tier == "pfam" else run_seed)(cfg, seed, lrs)
+        if cfg.tier == "pfam":
+            metrics, extra = run_seed_pfam(cfg, seed, lrs, cache)
+        else:
+            metrics, extra = (run_seed_proteins if cfg.tier == "proteins" else run_seed)(
+                cfg, seed, lrs, None if ft_tuning is None else {k: t["lr"] for k, t in ft_tuning.items()}, cache)
+            ft_tuning = ft_tuning or extra["ft_tuning"]
+        cache.clear()  # only seed 0 can reuse a tuning run
         rec.add_seed(seed, metrics)
         curves[seed], examples[seed] = extra.get("curve"), extra["examples"]
 
+    interior = [grid_interior_check(name="pretraining lr lies strictly inside its grid (tuned per arm)",
+                                    picks={k: t["lr"] for k, t in tuning.items()}, grid=cfg.lr_grid,
+                                    threshold=cfg.interior_min_fraction)]
     if cfg.tier == "pfam":
-        checks, artifacts = _checks_pfam(cfg, rec), _plots_pfam(rec, out_dir)
+        checks, artifacts = _checks_pfam(cfg, rec) + interior, _plots_pfam(rec, out_dir)
     else:
-        checks, artifacts = _checks(cfg, rec), _plots(cfg, rec, curves, out_dir)
-    return rec.finish(checks, artifacts=artifacts, extra={"tuning": tuning, "guidance_curves": curves,
-                                                          "sample_examples": examples})
+        interior.append(grid_interior_check(
+            name="fine-tuning lr lies strictly inside its grid (tuned per arm and task)",
+            picks={k: t["lr"] for k, t in ft_tuning.items()}, grid=cfg.ft_lr_grid,
+            threshold=cfg.interior_min_fraction))
+        checks, artifacts = ((_checks_proteins(cfg, rec), [_plot_representations(cfg, rec, out_dir)])
+                             if cfg.tier == "proteins" else (_checks(cfg, rec), _plots(cfg, rec, curves, out_dir)))
+        checks += interior
+    return rec.finish(checks, artifacts=artifacts, extra={"tuning": tuning, "fine_tune_tuning": ft_tuning,
+                                                          "guidance_curves": curves, "sample_examples": examples})
+
+
+def grid_interior_check(*, name: str, picks: dict[str, float], grid: tuple[float, ...], threshold: float
+                        ) -> ClaimCheck:
+    """``sanity``: the fraction of tuned values strictly inside ``grid`` (neither its min nor its max) is
+    ``>= threshold``; a one-point grid has no interior, so it fails."""
+    if not picks:
+        raise ValueError("dplm: grid_interior_check needs at least one tuned value")
+    lo, hi = min(grid), max(grid)
+    inside = {k: lo < p < hi for k, p in picks.items()}
+    frac = float(np.mean(list(inside.values())))
+    counts = ", ".join(f"{g:g}: {sum(p == g for p in picks.values())}" for g in sorted(grid))
+    return ClaimCheck(name=name, metric="interior_fraction", measured=frac, threshold=threshold, direction=">=",
+                      kind="sanity", detail=f"{sum(inside.values())} of {len(picks)} tuned values strictly inside "
+                                            f"{{{', '.join(f'{g:g}' for g in sorted(grid))}}}; picks per grid value: "
+                                            f"{counts}; edge picks: {sorted(k for k, v in inside.items() if not v)}")
 
 
 def _checks(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
@@ -417,11 +597,22 @@ def _checks(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
                          arm="guided"),
         rec.paired(name="DPLM samples within 0.3 nats of held-out data (notes §5.4)", metric="loglik",
                    method_arm="dplm", baseline_arm="data", direction=">=", threshold=-0.3, kind="mechanism"),
-        rec.paired(name="DPLM from scratch (no masked-LM stage) vs the MLM sampler (reported)", metric="loglik",
-                   method_arm="dplm_scratch", baseline_arm="mlm", direction=">=", threshold=0.0, kind="mechanism"),
         rec.paired(name="AR samples vs DPLM samples (reported; paper: DPLM ≈/≥ AR)", metric="loglik",
                    method_arm="dplm", baseline_arm="ar", direction=">=", threshold=0.0, kind="mechanism"),
     ]
+    pep = f"{cfg.peptide_set} peptides"
+    checks += _representation_claims(cfg, rec, ("pep_probe", "ss_ft", "pep_ft"))
+    checks += [
+        rec.paired(name="pretraining transfers: DPLM probe vs a random-init network's (per-residue structure)",
+                   metric="probe_acc", method_arm="dplm", baseline_arm="random", direction=">=", threshold=0.0,
+                   kind="mechanism"),
+        rec.paired(name=f"pretraining transfers: DPLM probe vs a random-init network's ({pep})",
+                   metric="pep_probe", method_arm="dplm", baseline_arm="random", direction=">=", threshold=0.0,
+                   kind="mechanism")]
+    if "dplm_scratch" in rec.summary():
+        checks.append(rec.paired(name="DPLM from scratch (no masked-LM stage) vs the MLM sampler (reported)",
+                                 metric="loglik", method_arm="dplm_scratch", baseline_arm="mlm", direction=">=",
+                                 threshold=0.0, kind="mechanism"))
     return checks
 
 
@@ -447,7 +638,52 @@ def _plots(cfg: Config, rec: RunRecorder, curves: dict[int, dict[str, list[float
     ax2.set_ylabel("true log-lik / residue")
     ax1.legend(fontsize=7)
     p2 = save_figure(fig, out_dir / "guidance.png")
-    return [p1, p2]
+    return [p1, p2, _plot_representations(cfg, rec, out_dir)]
+
+
+def _plot_representations(cfg: Config, rec: RunRecorder, out_dir: Path) -> Path:
+    """Accuracy per model: frozen probes and fine-tuning, per-residue structure and peptide classification."""
+    arms, colors = ("dplm", "mlm", "ar", "random"), ("C0", "C1", "C2", "grey")
+    panels = (("probe_acc", "structure, frozen probe"), ("ss_ft", "structure, fine-tuned"),
+              ("pep_probe", f"{cfg.peptide_set}, frozen probe"), ("pep_ft", f"{cfg.peptide_set}, fine-tuned"))
+    summary = rec.summary()
+    panels = tuple(p for p in panels if p[0] in summary.get("dplm", {}))
+    fig, axes = new_figure(len(panels))
+    for ax, (metric, title) in zip(axes, panels):
+        shown = [a for a in arms if metric in summary.get(a, {})]
+        vals = [rec.values(a, metric) for a in shown]
+        ax.bar(shown, [np.mean(v) for v in vals], yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in vals],
+               color=[colors[arms.index(a)] for a in shown])
+        lo = min(min(v) for v in vals)
+        ax.set_ylim(max(0.0, lo - 10), 100)
+        ax.set_title(title, fontsize=9)
+    axes[0].set_ylabel("accuracy (%)")
+    return save_figure(fig, out_dir / "representations.png")
+
+
+def _representation_claims(cfg: Config, rec: RunRecorder, metrics: tuple[str, ...]) -> list[ClaimCheck]:
+    pep = f"{cfg.peptide_set} peptides"
+    about = {"pep_probe": (f"frozen probe, {pep}", "notes §5.4: AMP-vs-UniProt probe, DPLM ≳ MLM ≫ AR"),
+             "ss_ft": ("fine-tuned, per-residue structure", "fine-tuned DPLM-650M ≥ ESM2-650M on 9/9 tasks"),
+             "pep_ft": (f"fine-tuned, {pep}", "fine-tuned AR-LM much worse (HumanPPI 68.5 vs 86.4)")}
+    checks = []
+    for metric in metrics:
+        what, paper = about[metric]
+        checks += [
+            rec.paired(name=f"representation ({what}): DPLM no worse than MLM by > 2 pt", metric=metric,
+                       method_arm="dplm", baseline_arm="mlm", direction=">=", threshold=-cfg.probe_mlm_margin,
+                       kind="claim", paper_value=paper),
+            rec.paired(name=f"representation ({what}): DPLM beats AR by >= 3 pt", metric=metric,
+                       method_arm="dplm", baseline_arm="ar", direction=">=", threshold=cfg.probe_ar_margin,
+                       kind="claim", paper_value=paper)]
+    return checks
+
+
+def _checks_proteins(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
+    return _representation_claims(cfg, rec, ("pep_probe", "pep_ft")) + [
+        rec.paired(name=f"pretraining transfers: DPLM probe vs a random-init network's ({cfg.peptide_set})",
+                   metric="pep_probe", method_arm="dplm", baseline_arm="random", direction=">=", threshold=0.0,
+                   kind="mechanism")]
 
 
 def _checks_pfam(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
