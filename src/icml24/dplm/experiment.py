@@ -36,6 +36,7 @@ from icml24.common.config import ExperimentConfig, help_text
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check
 from icml24.common.seeding import numpy_generator, seed_everything, torch_generator
+from icml24.common.tuning import interior_check
 from icml24.dplm.grammar import MOTIF, SS_CLASSES, ProteinGrammar
 from icml24.dplm.guidance import StructureGuidance, train_structure_head
 from icml24.dplm.models import build_esm, residue_features
@@ -547,18 +548,13 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
 
 def grid_interior_check(*, name: str, picks: dict[str, float], grid: tuple[float, ...], threshold: float
                         ) -> ClaimCheck:
-    """``sanity``: the fraction of tuned values strictly inside ``grid`` (neither its min nor its max) is
-    ``>= threshold``; a one-point grid has no interior, so it fails."""
+    """``sanity``: the fraction of tuned values strictly inside ``grid`` is ``>= threshold``
+    (:func:`icml24.common.tuning.interior_check`, with the arms at an edge named); a one-point grid fails."""
     if not picks:
         raise ValueError("dplm: grid_interior_check needs at least one tuned value")
-    lo, hi = min(grid), max(grid)
-    inside = {k: lo < p < hi for k, p in picks.items()}
-    frac = float(np.mean(list(inside.values())))
-    counts = ", ".join(f"{g:g}: {sum(p == g for p in picks.values())}" for g in sorted(grid))
-    return ClaimCheck(name=name, metric="interior_fraction", measured=frac, threshold=threshold, direction=">=",
-                      kind="sanity", detail=f"{sum(inside.values())} of {len(picks)} tuned values strictly inside "
-                                            f"{{{', '.join(f'{g:g}' for g in sorted(grid))}}}; picks per grid value: "
-                                            f"{counts}; edge picks: {sorted(k for k, v in inside.items() if not v)}")
+    edges = sorted(k for k, p in picks.items() if not min(grid) < p < max(grid))
+    return interior_check(name=name, picked=list(picks.values()), grid=grid, threshold=threshold,
+                          detail=f"edge picks: {edges}")
 
 
 def _checks(cfg: Config, rec: RunRecorder) -> list[ClaimCheck]:
