@@ -226,3 +226,39 @@ def test_batched_greedy_equals_one_by_one(frozen):
     lens = {int(m.build([d], train=False, rng=np.random.default_rng(0))["mask"].sum()) for d in dias}
     assert len(lens) > 1  # the batch really is ragged
     assert [g.tokens for g in together] == [g.tokens for g in alone]
+
+
+def test_frame_shared_video_denoiser_is_one_unet_per_frame_with_frame_index():
+    from icml24.next_gpt.components import DiffusionDecoder, FrameDenoiser, WordTokenizer
+
+    tok = WordTokenizer(W.vocabulary())
+    torch.manual_seed(0)
+    dec = DiffusionDecoder("video", tok, width=8, cond_tokens=4, cond_dim=8, T=10, frames=W.VIDEO_FRAMES)
+    assert isinstance(dec.unet, FrameDenoiser) and dec.unet.inp.in_channels == 3 + 2  # RGB + (x, y)
+    with torch.no_grad():
+        dec.unet.femb.weight.normal_()
+    x = torch.randn(2, *W.spec("video").shape)
+    t, c = torch.tensor([3, 7]), torch.randn(2, 4, 8)
+    eps = dec.unet(x, t, c)
+    assert eps.shape == x.shape
+    # frame k of the output depends only on frame k of the input (shared weights, no cross-frame mixing)
+    x2 = x.clone()
+    x2[:, 3:6] += 1.0
+    eps2 = dec.unet(x2, t, c)
+    assert torch.equal(eps[:, :3], eps2[:, :3]) and not torch.allclose(eps[:, 3:6], eps2[:, 3:6])
+    # the same frame content at two indices is denoised differently (the frame-index embedding)
+    same = x[:, :3].repeat(1, W.VIDEO_FRAMES, 1, 1)
+    out = dec.unet(same, t, c)
+    assert not torch.allclose(out[:, :3], out[:, 3:6])
+    assert dec.generate(c, steps=2).shape == (2, *W.spec("video").shape)
+
+
+def test_frozen_config_video_decoder_choice_and_cache_key():
+    with pytest.raises(ValueError, match="FrozenConfig: video_decoder"):
+        FrozenConfig(video_decoder="3d")
+    ia = FrozenConfig(modalities=("image", "audio"))
+    assert ia.key() == FrozenConfig(modalities=("image", "audio"), video_decoder="stacked").key()
+    vid = ("image", "audio", "video")
+    assert FrozenConfig(modalities=vid).key() != FrozenConfig(modalities=vid, video_decoder="stacked").key()
+    assert FrozenConfig(modalities=vid).frames("video") == W.VIDEO_FRAMES
+    assert FrozenConfig(modalities=vid).frames("image") == 1

@@ -84,9 +84,21 @@ class FrozenConfig:
     oracle_steps: int = 200
     batch: int = 64
     lr: float = 2e-3
+    video_decoder: str = "frames"  # "frames": one UNet shared over frames + frame-index embedding; "stacked"
+
+    def __post_init__(self) -> None:
+        if self.video_decoder not in ("frames", "stacked"):
+            raise ValueError(f"FrozenConfig: video_decoder must be 'frames' or 'stacked', got {self.video_decoder!r}")
+
+    def frames(self, modality: str) -> int:
+        """Frames the decoder of ``modality`` denoises with shared weights (1 = the whole item at once)."""
+        return W.VIDEO_FRAMES if modality == "video" and self.video_decoder == "frames" else 1
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        d = asdict(self)
+        if "video" not in self.modalities:
+            d.pop("video_decoder")  # irrelevant without video: keeps the image/audio cache keys unchanged
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def default_cache_dir() -> Path:
@@ -264,6 +276,37 @@ class Denoiser(nn.Module):
         return self.out(self.u1(torch.cat([self.up(h), h1], 1), e))
 
 
+class FrameDenoiser(Denoiser):
+    """ε(x_t, t, c) for a clip of ``frames`` frames stacked on channels: one :class:`Denoiser` shared over the
+    frames, each frame told its index through a learned embedding added to the time/condition embedding, and
+    two coordinate channels (x, y in [-1, 1]) on the input so that where the shape sits in a frame (the motion)
+    can depend on the frame index."""
+
+    def __init__(self, ch: int, width: int, cond_dim: int, frames: int) -> None:
+        if ch % frames:
+            raise ValueError(f"FrameDenoiser: channels {ch} must be a multiple of frames {frames}")
+        super().__init__(ch // frames, width, cond_dim)
+        self.frames = frames
+        self.femb = nn.Embedding(frames, width * 2)
+        self.inp = nn.Conv2d(ch // frames + 2, width, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        B, C, H, Wd = x.shape
+        Fr = self.frames
+        half = self.width // 2
+        f = torch.exp(-math.log(1000.0) * torch.arange(half, dtype=torch.float32) / half)
+        a = t.float()[:, None] * f[None]
+        e = self.temb(torch.cat([a.sin(), a.cos()], 1)) + self.cemb(c.mean(1))
+        e = (e[:, None] + self.femb.weight[None]).reshape(B * Fr, -1)
+        c = c.repeat_interleave(Fr, 0)
+        xf = x.reshape(B * Fr, C // Fr, H, Wd)
+        yy, xx = torch.meshgrid(torch.linspace(-1, 1, H), torch.linspace(-1, 1, Wd), indexing="ij")
+        xf = torch.cat([xf, torch.stack([xx, yy]).expand(B * Fr, -1, -1, -1)], 1)
+        h1 = self.d1(self.inp(xf), e)
+        h = self.m2(self.xa(self.m1(self.down(h1), e), c), e)
+        return self.out(self.u1(torch.cat([self.up(h), h1], 1), e)).reshape(B, C, H, Wd)
+
+
 class DiffusionDecoder(nn.Module):
     """Conditional DDPM for one modality with its own text encoder, classifier-free guidance and DDIM sampling.
 
@@ -272,13 +315,14 @@ class DiffusionDecoder(nn.Module):
     """
 
     def __init__(self, modality: str, tok: WordTokenizer, *, width: int, cond_tokens: int, cond_dim: int,
-                 T: int) -> None:
+                 T: int, frames: int = 1) -> None:
         super().__init__()
         self.modality = modality
         self.tok = tok
         self.shape = W.spec(modality).shape
         self.text_encoder = TextEncoder(len(tok), cond_dim, cond_tokens)
-        self.unet = Denoiser(self.shape[0], width, cond_dim)
+        self.unet = (Denoiser(self.shape[0], width, cond_dim) if frames == 1
+                     else FrameDenoiser(self.shape[0], width, cond_dim, frames))
         self.T = T
         s = 0.008
         steps = torch.arange(T + 1, dtype=torch.float64) / T
@@ -412,12 +456,13 @@ def train_frozen(cfg: FrozenConfig) -> Frozen:
     for s in specs:
         torch.manual_seed(seed + 2)
         dec = DiffusionDecoder(s.name, tok, width=cfg.decoder_channels, cond_tokens=cfg.cond_tokens,
-                               cond_dim=cfg.cond_dim, T=cfg.diffusion_T)
+                               cond_dim=cfg.cond_dim, T=cfg.diffusion_T, frames=cfg.frames(s.name))
         opt = torch.optim.AdamW(dec.parameters(), lr=cfg.lr)
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.decoder_steps,
                                                     pct_start=0.05)
         for _ in progress(range(cfg.decoder_steps), desc=f"next_gpt: {s.name} decoder"):
-            x, attrs = W.sample_items(s, cfg.decoder_batch, rng)
+            # a frame-shared decoder sees decoder_batch frames per step (the same cost as an image batch)
+            x, attrs = W.sample_items(s, max(1, cfg.decoder_batch // cfg.frames(s.name)), rng)
             caps = [s.caption(a) if rng.random() > 0.1 else "" for a in attrs]  # p_uncond = 0.1 (CFG)
             loss = dec.loss(x, dec.encode_condition(caps), g)
             opt.zero_grad()
@@ -474,6 +519,7 @@ def train_frozen_shell(cfg: FrozenConfig) -> Frozen:
                     seed=cfg.world_seed)
     enc = JointEncoder(cfg.modalities, len(tok), cfg.embed_dim)
     decs = {m: _freeze(DiffusionDecoder(m, tok, width=cfg.decoder_channels, cond_tokens=cfg.cond_tokens,
-                                        cond_dim=cfg.cond_dim, T=cfg.diffusion_T)) for m in cfg.modalities}
+                                        cond_dim=cfg.cond_dim, T=cfg.diffusion_T, frames=cfg.frames(m)))
+            for m in cfg.modalities}
     orcs = {m: _freeze(Oracle(m)) for m in cfg.modalities}
     return Frozen(cfg, tok, _freeze(llm), _freeze(enc), decs, orcs, {})
