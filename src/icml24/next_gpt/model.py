@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from icml24.common.progress import progress
+from icml24.loraplus.lora import LoRALinear, apply_lora
 from icml24.next_gpt import world as W
 from icml24.next_gpt.components import Frozen, WordTokenizer
 
@@ -95,22 +95,6 @@ class OutputProjector(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc_out(self.tf(self.fc_in(x), self.query.expand(x.shape[0], -1, -1)))
-
-
-class LoRALinear(nn.Module):
-    """``y = W x + (α/r) B A x`` around a frozen ``nn.Linear`` (A ~ Kaiming, B = 0)."""
-
-    def __init__(self, base: nn.Linear, *, rank: int, alpha: float, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.base = base
-        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
-        self.scale = alpha / rank
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale
 
 
 def l2_loss(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -209,11 +193,8 @@ class NExTGPT(nn.Module):
         """Wrap q/k/v/o projections of every LLM attention layer with LoRA (stage 3)."""
         if self.lora_enabled:
             return
-        for mod in list(self.llm.modules()):
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                child = getattr(mod, name, None)
-                if isinstance(child, nn.Linear):
-                    setattr(mod, name, LoRALinear(child, rank=self.config.lora_rank, alpha=self.config.lora_alpha))
+        apply_lora(self.llm, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], r=self.config.lora_rank,
+                   alpha=self.config.lora_alpha)
         self.lora_enabled = True
 
     def trainable_names(self, stage: int) -> list[str]:
