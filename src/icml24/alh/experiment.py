@@ -32,6 +32,7 @@ from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, paired_check
 from icml24.common.seeding import seed_everything
+from icml24.common.tuning import interior_check as shared_interior_check
 
 SLUG = "alh"
 ARMS = ("td3", "alh_g", "alh_a")
@@ -221,12 +222,12 @@ def pick_lr(grid: tuple[float, ...], val_means: list[float]) -> float:
 def interior_check(*, arm: str, lr: float, grid: tuple[float, ...], val_means: list[float], n_val: int
                    ) -> ClaimCheck:
     """``sanity``: the validation-tuned lr of ``arm`` lies strictly inside its grid (an edge pick means the best
-    value may lie outside the grid, so the arm may be under-tuned and the comparison unfair)."""
-    inside = min(grid) < lr < max(grid)
+    value may lie outside the grid, so the arm may be under-tuned and the comparison unfair); one pick per arm,
+    so the shared :func:`icml24.common.tuning.interior_check` runs with threshold 1."""
     vals = ", ".join(f"{g:g}: {m:.3f}" for g, m in zip(grid, val_means, strict=True))
-    return ClaimCheck(name=f"{_LABELS[arm]}'s tuned lr lies strictly inside its grid", metric="lr_interior",
-                      measured=float(inside), threshold=1.0, direction=">=", kind="sanity", method_arm=arm,
-                      detail=f"tuned lr {lr:g}; mean validation final return over {n_val} seeds per lr: {vals}")
+    return shared_interior_check(name=f"{_LABELS[arm]}'s tuned lr lies strictly inside its grid", picked=[lr],
+                                 grid=grid, threshold=1.0, arm=arm,
+                                 detail=f"mean validation final return over {n_val} seeds per lr: {vals}")
 
 
 def _mujoco_runs(cfg: Config, out_dir: Path) -> dict[str, dict[int, dict[str, Any]]]:
