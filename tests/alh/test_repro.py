@@ -141,10 +141,25 @@ def test_mujoco_only_job_is_separate_and_keeps_its_checkpoints(tmp_path, monkeyp
     res = ex.run(cfg, tmp_path)
     assert [(a, s) for a, s, _, _ in calls] == [("td3", 3), ("alh_g", 3), ("td3", 4), ("alh_g", 4)]  # seed-major
     assert all(m and c is not None for _, _, m, c in calls)
-    (c, fin) = res.checks("sanity")
+    (c, learned, fin) = res.checks("sanity")
     assert c.measured == pytest.approx(-5.0) and c.threshold == -50.0 and c.passed and fin.passed
+    assert learned.measured == pytest.approx(1000.0) and learned.threshold == 500.0 and learned.passed
     assert res.checks("claim") == [] and res.verdict["label"].startswith("no claim")
     assert len(list((tmp_path / "cache_mujoco").glob("*/mujoco_*.json"))) == 4  # kept: the job can be extended
     n = len(calls)
     ex.run(cfg, tmp_path)
     assert len(calls) == n  # a rerun reuses the finished runs
+
+
+def test_mujoco_regime_check_fails_when_td3_does_not_learn():
+    import icml24.alh.experiment as ex
+
+    cfg = Config.quick().replace(mujoco_env="Hopper-v5", mujoco_seeds=(0, 1))
+    logs = {a: {s: {"final": v} for s, v in zip((0, 1), vals, strict=True)}
+            for a, vals in (("td3", [300.0, 500.0]), ("alh_g", [295.0, 492.0]))}
+    near, learned = ex._mujoco_checks(cfg, logs)
+    assert near.threshold == -0.05 * 3600.0 and near.passed  # margin from RETURN_RANGE
+    assert learned.measured == 400.0 and not learned.passed  # 400 < 1800: "no worse" would say nothing
+    with pytest.raises(ValueError, match="no known return range"):
+        Config(mujoco_env="Walker2d-v5")
+    assert Config(mujoco_env="Walker2d-v5", mujoco_return_range=4000.0).mujoco_return_range == 4000.0

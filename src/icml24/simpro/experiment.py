@@ -32,8 +32,8 @@ import torch
 from icml24.common.config import ExperimentConfig, help_text
 from icml24.common.data import digits_images, load_mnist1d
 from icml24.common.nets import ConvNet1D
+from icml24.common.parallel import run_jobs
 from icml24.common.plotting import band, new_figure, save_figure
-from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check, paired_check
 from icml24.common.stats import paired_ci
 from icml24.simpro.data import (
@@ -289,21 +289,10 @@ def _job(cfg: Config, job: Job) -> dict[str, Any]:
     return run_arm(cfg, data, a, _grid(cfg, a)[i], seed, on=on)
 
 
-def _worker_init(threads: int) -> None:
-    torch.set_num_threads(max(threads, 1))
-
-
 def _execute(cfg: Config, jobs: list[Job], *, desc: str) -> dict[Job, dict[str, Any]]:
     """Run independent, fully seeded jobs in this process or in ``cfg.workers`` processes (same numbers)."""
-    if cfg.workers <= 1 or len(jobs) <= 1:
-        return {j: _job(cfg, j) for j in progress(jobs, desc=desc)}
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=cfg.workers, mp_context=mp.get_context("spawn"),
-                             initializer=_worker_init, initargs=(cfg.threads,)) as pool:
-        futs = {j: pool.submit(_job, cfg, j) for j in jobs}
-        return {j: f.result() for j, f in progress(list(futs.items()), desc=desc)}
+    return dict(zip(jobs, run_jobs(functools.partial(_job, cfg), jobs, workers=cfg.workers, threads=cfg.threads, desc=desc),
+                    strict=True))
 
 
 # ---------------------------------------------------------------------------------------------- run
