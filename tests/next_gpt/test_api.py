@@ -205,7 +205,7 @@ def test_world_renders_and_captions():
 
 @pytest.mark.parametrize("kw, match", [
     ({"seeds": (0,)}, ">= 2 seeds"),
-    ({"n_signal": (4, 4, 4)}, "n_signal"),
+    ({"n_signal": (4, 4)}, "n_signal"),
     ({"modalities": ("smell",), "n_signal": (1,)}, "unsupported modality"),
     ({"lr_grid": (1e-3,), "icl_grid": (1, 2)}, "same size"),
     ({"stage1_steps": 0}, "stage1_steps"),
@@ -262,3 +262,31 @@ def test_frozen_config_video_decoder_choice_and_cache_key():
     assert FrozenConfig(modalities=vid).key() != FrozenConfig(modalities=vid, video_decoder="stacked").key()
     assert FrozenConfig(modalities=vid).frames("video") == W.VIDEO_FRAMES
     assert FrozenConfig(modalities=vid).frames("image") == 1
+
+
+@pytest.mark.parametrize("prediction", ["v", "eps"])
+def test_ddim_with_an_exact_denoiser_recovers_the_data_and_the_loss_target_is_the_formula(prediction):
+    from icml24.next_gpt.components import DiffusionDecoder, WordTokenizer
+
+    tok = WordTokenizer(W.vocabulary())
+    dec = DiffusionDecoder("image", tok, width=8, cond_tokens=4, cond_dim=8, T=50, prediction=prediction)
+    x0 = torch.rand(2, *W.spec("image").shape) * 2 - 1
+
+    def exact(x, t, c):  # the true eps (or v = a·eps − b·x0) of x_t = a·x0 + b·eps
+        ab = dec.alpha_bar[t][:, None, None, None]
+        a, b = ab.sqrt(), (1 - ab).sqrt()
+        eps = (x - a * x0.repeat(len(x) // len(x0), 1, 1, 1)) / b
+        return eps if prediction == "eps" else a * eps - b * x0.repeat(len(x) // len(x0), 1, 1, 1)
+
+    dec.unet.forward = exact
+    out = dec.generate(torch.randn(2, 4, 8), steps=7, guidance_scale=3.0)
+    assert torch.allclose(out, x0, atol=1e-4)
+    # the training loss is zero for the exact denoiser and positive for a wrong one
+    g = torch.Generator().manual_seed(0)
+    assert float(dec.loss(x0, torch.randn(2, 4, 8), g)) < 1e-8
+    dec.unet.forward = lambda x, t, c: exact(x, t, c) + 0.1
+    assert float(dec.loss(x0, torch.randn(2, 4, 8), g)) == pytest.approx(0.01, rel=1e-3)
+    with pytest.raises(ValueError, match="prediction must be 'v' or 'eps'"):
+        DiffusionDecoder("image", tok, width=8, cond_tokens=4, cond_dim=8, T=50, prediction="x0")
+    with pytest.raises(ValueError, match="FrozenConfig: prediction"):
+        FrozenConfig(prediction="x0")

@@ -34,6 +34,7 @@ from icml24.common.plotting import new_figure, save_figure
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, paired_check
 from icml24.common.seeding import seed_everything
 from icml24.common.tuning import interior_check as shared_interior_check
+from icml24.common.tuning import pick_best
 
 SLUG = "alh"
 ARMS = ("td3", "alh_g", "alh_a")
@@ -232,13 +233,10 @@ def _curve_plot(ax: Any, curves: dict[str, list[dict[str, Any]]], title: str) ->
 
 def pick_lr(grid: tuple[float, ...], val_means: list[float]) -> float:
     """The grid value with the highest mean validation return; exact ties go to the value nearest the grid's
-    middle in log scale (the centre of its range, the prior the grid is built around), then to the smaller."""
+    middle in log scale, then to the smaller (:func:`icml24.common.tuning.pick_best`)."""
     if len(grid) != len(val_means) or not grid:
         raise ValueError(f"alh.pick_lr: grid has {len(grid)} values, val_means {len(val_means)}")
-    best = max(val_means)
-    mid = (math.log(min(grid)) + math.log(max(grid))) / 2
-    return min((lr for lr, m in zip(grid, val_means, strict=True) if m == best),
-               key=lambda lr: (round(abs(math.log(lr) - mid), 9), lr))
+    return pick_best(grid, val_means)
 
 
 def interior_check(*, arm: str, lr: float, grid: tuple[float, ...], val_means: list[float], n_val: int

@@ -11,7 +11,20 @@ from collections.abc import Sequence
 
 from icml24.common.results import ClaimCheck
 
-__all__ = ["interior_fraction", "interior_check"]
+__all__ = ["pick_best", "interior_fraction", "interior_check"]
+
+
+def pick_best(grid: Sequence[float], scores: Sequence[float], *, log: bool = True) -> float:
+    """The grid value with the highest validation score; exact ties go to the value nearest the grid's centre
+    (in log scale when ``log``: the prior a grid is built around), then to the smaller one. A flat validation
+    curve therefore picks the middle, not an edge that is no better than it."""
+    if len(grid) != len(scores) or not grid:
+        raise ValueError(f"pick_best: grid has {len(grid)} values, scores {len(scores)}")
+    f = (lambda v: math.log(v)) if log else float
+    mid = (f(min(grid)) + f(max(grid))) / 2
+    best = max(scores)
+    return min((g for g, sc in zip(grid, scores, strict=True) if sc == best),
+               key=lambda g: (round(abs(f(g) - mid), 9), g))
 
 
 def _grids(picked: Sequence[float], grid: Sequence[float] | Sequence[Sequence[float]]) -> list[list[float]]:

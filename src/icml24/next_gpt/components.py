@@ -85,10 +85,13 @@ class FrozenConfig:
     batch: int = 64
     lr: float = 2e-3
     video_decoder: str = "frames"  # "frames": one UNet shared over frames + frame-index embedding; "stacked"
+    prediction: str = "v"  # what the decoders' UNets predict: "v" (Salimans & Ho 2022) or "eps" (DDPM, SD 1.5)
 
     def __post_init__(self) -> None:
         if self.video_decoder not in ("frames", "stacked"):
             raise ValueError(f"FrozenConfig: video_decoder must be 'frames' or 'stacked', got {self.video_decoder!r}")
+        if self.prediction not in ("v", "eps"):
+            raise ValueError(f"FrozenConfig: prediction must be 'v' or 'eps', got {self.prediction!r}")
 
     def frames(self, modality: str) -> int:
         """Frames the decoder of ``modality`` denoises with shared weights (1 = the whole item at once)."""
@@ -312,11 +315,15 @@ class DiffusionDecoder(nn.Module):
 
     ``encode_condition(captions)`` gives the (B, N_c, D_c) conditioning states that NExT-GPT's output projector
     is aligned to (SD's CLIP ``last_hidden_state`` analogue); ``generate(cond)`` samples media from them.
+    With x_t = a·x0 + b·ε (a² + b² = 1) the UNet predicts ε (``prediction="eps"``) or v = a·ε − b·x0 (``"v"``).
     """
 
     def __init__(self, modality: str, tok: WordTokenizer, *, width: int, cond_tokens: int, cond_dim: int,
-                 T: int, frames: int = 1) -> None:
+                 T: int, frames: int = 1, prediction: str = "v") -> None:
         super().__init__()
+        if prediction not in ("v", "eps"):
+            raise ValueError(f"DiffusionDecoder: prediction must be 'v' or 'eps', got {prediction!r}")
+        self.prediction = prediction
         self.modality = modality
         self.tok = tok
         self.shape = W.spec(modality).shape
@@ -342,7 +349,9 @@ class DiffusionDecoder(nn.Module):
         t = torch.randint(0, self.T, (B,), generator=g)
         eps = torch.randn(x0.shape, generator=g)
         ab = self.alpha_bar[t][:, None, None, None]
-        return F.mse_loss(self.unet(ab.sqrt() * x0 + (1 - ab).sqrt() * eps, t, cond), eps)
+        a, b = ab.sqrt(), (1 - ab).sqrt()
+        target = eps if self.prediction == "eps" else a * eps - b * x0
+        return F.mse_loss(self.unet(a * x0 + b * eps, t, cond), target)
 
     @torch.no_grad()
     def generate(self, cond: torch.Tensor, *, guidance_scale: float = 3.0, steps: int = 20,
@@ -359,11 +368,16 @@ class DiffusionDecoder(nn.Module):
         ts = torch.linspace(self.T - 1, 0, steps).round().long()
         for i, t in enumerate(ts):
             tt = t.repeat(B)
-            e = self.unet(torch.cat([x, x]), torch.cat([tt, tt]), torch.cat([cond, uncond]))
-            ec, eu = e.chunk(2)
-            eps = eu + guidance_scale * (ec - eu)
+            out = self.unet(torch.cat([x, x]), torch.cat([tt, tt]), torch.cat([cond, uncond]))
+            oc, ou = out.chunk(2)
+            out = ou + guidance_scale * (oc - ou)  # CFG, linear in the prediction (eps or v alike)
             ab = self.alpha_bar[t]
-            x0 = ((x - (1 - ab).sqrt() * eps) / ab.sqrt()).clamp(-1.5, 1.5)
+            a, b = ab.sqrt(), (1 - ab).sqrt()
+            if self.prediction == "eps":
+                eps, x0 = out, (x - b * out) / a
+            else:
+                eps, x0 = b * x + a * out, a * x - b * out
+            x0 = x0.clamp(-1.5, 1.5)
             ab_prev = self.alpha_bar[ts[i + 1]] if i + 1 < len(ts) else torch.tensor(1.0)
             x = ab_prev.sqrt() * x0 + (1 - ab_prev).sqrt() * eps
         return x
@@ -456,7 +470,8 @@ def train_frozen(cfg: FrozenConfig) -> Frozen:
     for s in specs:
         torch.manual_seed(seed + 2)
         dec = DiffusionDecoder(s.name, tok, width=cfg.decoder_channels, cond_tokens=cfg.cond_tokens,
-                               cond_dim=cfg.cond_dim, T=cfg.diffusion_T, frames=cfg.frames(s.name))
+                               cond_dim=cfg.cond_dim, T=cfg.diffusion_T, frames=cfg.frames(s.name),
+                               prediction=cfg.prediction)
         opt = torch.optim.AdamW(dec.parameters(), lr=cfg.lr)
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.decoder_steps,
                                                     pct_start=0.05)
@@ -519,7 +534,8 @@ def train_frozen_shell(cfg: FrozenConfig) -> Frozen:
                     seed=cfg.world_seed)
     enc = JointEncoder(cfg.modalities, len(tok), cfg.embed_dim)
     decs = {m: _freeze(DiffusionDecoder(m, tok, width=cfg.decoder_channels, cond_tokens=cfg.cond_tokens,
-                                        cond_dim=cfg.cond_dim, T=cfg.diffusion_T, frames=cfg.frames(m)))
+                                        cond_dim=cfg.cond_dim, T=cfg.diffusion_T, frames=cfg.frames(m),
+                                        prediction=cfg.prediction))
             for m in cfg.modalities}
     orcs = {m: _freeze(Oracle(m)) for m in cfg.modalities}
     return Frozen(cfg, tok, _freeze(llm), _freeze(enc), decs, orcs, {})

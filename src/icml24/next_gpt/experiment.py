@@ -34,6 +34,7 @@ from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check, paired_check
+from icml24.common.tuning import interior_check, pick_best
 from icml24.next_gpt import world as W
 from icml24.next_gpt.components import Frozen, FrozenConfig, load_or_train_frozen
 from icml24.next_gpt.model import NExTGPT, NExTGPTConfig, StageConfig, train_stage
@@ -45,10 +46,9 @@ SLUG = "next_gpt"
 class Config(ExperimentConfig):
     seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata={
         "help": "seeds of the three NExT-GPT stages (init, data order, eval sets); frozen parts fixed per world"})
-    modalities: tuple[str, ...] = field(default=("image", "audio"), metadata={
-        "help": "modalities of the run (each: encoder, decoder, oracle, signal tokens); video is implemented but "
-                "its decoder misses the gold-decoding sanity at this CPU budget (0.58 < 0.8, README)"})
-    n_signal: tuple[int, ...] = field(default=(4, 8), metadata={
+    modalities: tuple[str, ...] = field(default=("image", "audio", "video"), metadata={
+        "help": "modalities of the run (each: encoder, decoder, oracle, signal tokens)"})
+    n_signal: tuple[int, ...] = field(default=(4, 8, 8), metadata={
         "help": "signal tokens per modality (paper: image 4, video 24, audio 8)"})
     world_seed: int = field(default=0, metadata={"help": "seed of the world's frozen parts (trained once, cached)"})
     llm_steps: int = field(default=800, metadata={"help": "tiny-LLM text pretraining steps (frozen part)"})
@@ -65,9 +65,11 @@ class Config(ExperimentConfig):
     stage3_steps: int = field(default=250, metadata={"help": "stage-3 (MosIT) steps, every arm"})
     batch: int = field(default=16, metadata={"help": "dialogues per step (paper: micro-batch 1/GPU, bs 4-18)"})
     lr12: float = field(default=3e-3, metadata={"help": "stage 1/2 lr (paper 4e-4 at 7B; ours for the tiny LLM)"})
-    lr_grid: tuple[float, ...] = field(default=(2e-3, 6e-3), metadata={
-        "help": "stage-3 lr grid, the same for signal and pipeline arms, tuned on validation (paper 5e-4)"})
-    icl_grid: tuple[int, ...] = field(default=(1, 2), metadata={
+    lr_grid: tuple[float, ...] = field(default=(2e-3, 6e-3, 1.8e-2), metadata={
+        "help": "stage-3 lr grid, the same for signal and pipeline arms, tuned on validation (paper 5e-4); with "
+                ">= 3 points a sanity check requires each pick strictly inside (a run with {2e-3, 6e-3} put both "
+                "picks on its top)"})
+    icl_grid: tuple[int, ...] = field(default=(1, 2, 3), metadata={
         "help": "in-context example dialogues for the stage-2 baseline, tuned on validation (same grid size)"})
     n_eval: int = field(default=24, metadata={"help": "evaluation items per modality and set"})
     n_dialogues: int = field(default=24, metadata={"help": "held-out MosIT dialogues (2-4 turns each)"})
@@ -316,7 +318,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         if si == 0:
             val_sets = eval_sets(specs, np.random.default_rng(20_000 + seed), cfg.n_eval, cfg.n_dialogues)
             tuned = {"val": {"signal": {}, "pipeline": {}, "stage2_icl": {}}}
-            best: dict[str, tuple[float, Any]] = {}
+            trained: dict[tuple[str, float], tuple[Any, Any]] = {}
             for arm, base in (("signal", stage2_model), ("pipeline", pipe2)):
                 for lr in cfg.lr_grid:
                     m3 = copy.deepcopy(base)
@@ -324,20 +326,22 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                                      desc=f"next_gpt: {arm} stage 3 lr={lr:g}")
                     v, _ = eval_generation(m3, val_sets["implicit"], np.random.default_rng(5), cfg, seed)
                     v_sel = eval_selection(m3, val_sets["mosit"], np.random.default_rng(5))
-                    score = 0.5 * (v + v_sel)
-                    tuned["val"][arm][str(lr)] = {"implicit_acc": v, "selection_acc": v_sel, "score": score}
-                    if arm not in best or score > best[arm][0]:
-                        best[arm] = (score, (lr, m3, c3))
+                    tuned["val"][arm][str(lr)] = {"implicit_acc": v, "selection_acc": v_sel,
+                                                  "score": 0.5 * (v + v_sel)}
+                    trained[arm, lr] = (m3, c3)
             for kk in cfg.icl_grid:
                 pre = _icl_prefixes(S["stage3"], len(val_sets["mosit"]), kk, np.random.default_rng(6))
                 v_sel = eval_selection(stage2_model, val_sets["mosit"], np.random.default_rng(5), pre)
                 tuned["val"]["stage2_icl"][str(kk)] = {"selection_acc": v_sel, "score": v_sel}
-                if "stage2_icl" not in best or v_sel > best["stage2_icl"][0]:
-                    best["stage2_icl"] = (v_sel, kk)
-            tuned.update(signal_lr=best["signal"][1][0], pipeline_lr=best["pipeline"][1][0],
-                         icl_k=best["stage2_icl"][1])
-            sig3, c3s = best["signal"][1][1], best["signal"][1][2]
-            pipe3 = best["pipeline"][1][1]
+            val_scores = {arm: [tuned["val"][arm][str(g)]["score"] for g in grid]
+                          for arm, grid in (("signal", cfg.lr_grid), ("pipeline", cfg.lr_grid),
+                                            ("stage2_icl", cfg.icl_grid))}
+            tuned.update(signal_lr=pick_best(cfg.lr_grid, val_scores["signal"]),
+                         pipeline_lr=pick_best(cfg.lr_grid, val_scores["pipeline"]),
+                         icl_k=int(pick_best(cfg.icl_grid, val_scores["stage2_icl"], log=False)))
+            sig3, c3s = trained["signal", tuned["signal_lr"]]
+            pipe3 = trained["pipeline", tuned["pipeline_lr"]][0]
+            del trained
             curves["stage3_nll_signal"] = c3s["nll"]
             curves["stage3_l2_signal"] = c3s["l2"]
         else:
@@ -383,7 +387,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             extra["pipeline_sample_text"] = [g.text + " | " + " ".join(g.tokens) for g in gens_pipe[:6]]
             extra["signal_sample_text"] = [" ".join(g.tokens) for g in gens_sig[:6]]
 
-    checks = _checks(rec, cfg, hashes_ok)
+    checks = _checks(rec, cfg, hashes_ok) + _tuning_checks(cfg, tuned)
     extra.update(tuned={k: v for k, v in tuned.items()}, frozen_hashes_identical=hashes_ok)
     artifacts = _plots(rec, cfg, out_dir, curves) + _gallery(gallery, frozen, cfg, out_dir)
     return rec.finish(checks, artifacts=artifacts, extra=extra)
@@ -434,6 +438,20 @@ def _checks(rec: RunRecorder, cfg: Config, hashes_ok: list[float]) -> list[Claim
                          threshold=cfg.l2_drop, kind="mechanism", arm="stage2"),
     ]
     return checks
+
+
+def _tuning_checks(cfg: Config, tuned: dict[str, Any]) -> list[ClaimCheck]:
+    """``sanity``: each tuned knob (stage-3 lr of both arms, k of the in-context baseline) lies strictly inside
+    its grid (an edge pick means the arm's best setting may lie outside it); grids of < 3 points have none."""
+    out = []
+    for arm, key, grid in (("signal", "signal_lr", cfg.lr_grid), ("pipeline", "pipeline_lr", cfg.lr_grid),
+                           ("stage2_icl", "icl_k", cfg.icl_grid)):
+        if len(grid) >= 3:
+            vals = ", ".join(f"{g:g}: {tuned['val'][arm][str(g)]['score']:.3f}" for g in grid)
+            out.append(interior_check(name=f"{arm}'s tuned {key.split('_')[-1]} lies strictly inside its grid",
+                                      picked=[tuned[key]], grid=grid, threshold=1.0, arm=arm,
+                                      detail=f"validation score per value: {vals}"))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ artifacts

@@ -1,6 +1,7 @@
 """Adapters for real Hugging Face components (full scale, GPU): a ``transformers`` tokenizer and ``diffusers``
-pipelines behind the interfaces :class:`~icml24.next_gpt.model.NExTGPT` uses. Not exercised at full scale here
-(no weights can be downloaded in this environment); the CPU reproduction uses the same interfaces.
+pipelines behind the interfaces :class:`~icml24.next_gpt.model.NExTGPT` uses. Tested with tiny random-init
+components (``tests/next_gpt/test_hf.py``); not exercised with real weights here (none can be downloaded in this
+environment).
 """
 
 from __future__ import annotations
@@ -76,8 +77,19 @@ class DiffusersDecoder(torch.nn.Module):
         return out.last_hidden_state
 
     @torch.no_grad()
-    def generate(self, cond: torch.Tensor, *, guidance_scale: float = 7.5, steps: int = 40, seed: int = 0) -> Any:
+    def generate(self, cond: torch.Tensor, *, guidance_scale: float = 7.5, steps: int = 40,
+                 seed: int = 0) -> torch.Tensor:
+        """Media from conditioning states ``cond`` (B, *cond_shape), as a tensor: images (B, 3, H, W), video
+        frames (B, F, 3, H, W), audio (B, samples); the pipeline's ``output_type`` defaults to ``"pt"``."""
+        if cond.ndim != 3 or tuple(cond.shape[1:]) != self.cond_shape:
+            raise ValueError(f"DiffusersDecoder[{self.modality}]: cond must have shape (B, {self.cond_shape[0]}, "
+                             f"{self.cond_shape[1]}), got {tuple(cond.shape)}")
         g = torch.Generator(device=self.pipe.device).manual_seed(seed)
         emb = cond[:, 0] if self.pooled else cond
-        return self.pipe(prompt_embeds=emb, guidance_scale=guidance_scale, num_inference_steps=steps, generator=g,
-                         **self.call_kwargs)
+        out = self.pipe(prompt_embeds=emb, guidance_scale=guidance_scale, num_inference_steps=steps, generator=g,
+                        **({"output_type": "pt"} | self.call_kwargs))
+        for name in ("images", "frames", "audios"):
+            if hasattr(out, name):
+                return torch.as_tensor(getattr(out, name))
+        raise TypeError(f"DiffusersDecoder[{self.modality}]: the pipeline returned {type(out).__name__} without "
+                        "images, frames or audios")
