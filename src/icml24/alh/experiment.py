@@ -81,6 +81,8 @@ class Config(ExperimentConfig):
         "seeds of the MuJoCo task (issue: 5)"))
     mujoco_only: bool = field(default=False, metadata=help_text(
         "run only the MuJoCo sanity task (a separate, resumable job; results/alh/mujoco_pendulum)"))
+    # NOTE(deviation): MuJoCo at CPU sizes (width 64, lr 1e-3, TD3 paper's 1k/10k warm-up; ALH code: 256, 3e-4,
+    # 25k): at the official sizes TD3 had not learned InvertedPendulum after 20k steps (README, MuJoCo)
     mujoco_steps: int = field(default=50_000, metadata=help_text("MuJoCo steps incl. warm-up (issue: 50k)"))
     mujoco_start: int = field(default=1_000, metadata=help_text(
         "MuJoCo warm-up steps (official repo: 25k; TD3 paper for the pendulum tasks: 1k)"))
