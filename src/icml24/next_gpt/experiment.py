@@ -60,16 +60,18 @@ class Config(ExperimentConfig):
     llm_hidden: int = field(default=96, metadata={"help": "tiny Llama width (Vicuna-7B: 4096)"})
     projector_hidden: int = field(default=48, metadata={"help": "output projector width (paper 512)"})
     projector_layers: int = field(default=1, metadata={"help": "output projector enc/dec layers (paper 4+4)"})
-    stage1_steps: int = field(default=300, metadata={"help": "stage-1 steps (X-caption pairs)"})
-    stage2_steps: int = field(default=250, metadata={"help": "stage-2 steps (caption -> caption + signal)"})
-    stage3_steps: int = field(default=250, metadata={"help": "stage-3 (MosIT) steps, every arm"})
+    stage1_steps: int = field(default=450, metadata={
+        "help": "stage-1 steps (X-caption pairs; 150 per modality, as in the image+audio run's 300)"})
+    stage2_steps: int = field(default=375, metadata={
+        "help": "stage-2 steps (caption -> caption + signal; 125 per modality)"})
+    stage3_steps: int = field(default=375, metadata={"help": "stage-3 (MosIT) steps, every arm (125 per modality)"})
     batch: int = field(default=16, metadata={"help": "dialogues per step (paper: micro-batch 1/GPU, bs 4-18)"})
     lr12: float = field(default=3e-3, metadata={"help": "stage 1/2 lr (paper 4e-4 at 7B; ours for the tiny LLM)"})
-    lr_grid: tuple[float, ...] = field(default=(2e-3, 6e-3, 1.8e-2), metadata={
+    lr_grid: tuple[float, ...] = field(default=(2e-3, 6e-3, 1.8e-2, 5.4e-2), metadata={
         "help": "stage-3 lr grid, the same for signal and pipeline arms, tuned on validation (paper 5e-4); with "
-                ">= 3 points a sanity check requires each pick strictly inside (a run with {2e-3, 6e-3} put both "
-                "picks on its top)"})
-    icl_grid: tuple[int, ...] = field(default=(1, 2, 3), metadata={
+                ">= 3 points a sanity check requires each pick strictly inside (runs with {2e-3, 6e-3} and "
+                "{2e-3, 6e-3, 1.8e-2} put the pipeline's pick on the top)"})
+    icl_grid: tuple[int, ...] = field(default=(0, 1, 2, 3), metadata={
         "help": "in-context example dialogues for the stage-2 baseline, tuned on validation (same grid size)"})
     n_eval: int = field(default=24, metadata={"help": "evaluation items per modality and set"})
     n_dialogues: int = field(default=24, metadata={"help": "held-out MosIT dialogues (2-4 turns each)"})
