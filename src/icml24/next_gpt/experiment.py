@@ -71,8 +71,9 @@ class Config(ExperimentConfig):
         "help": "stage-3 lr grid, the same for signal and pipeline arms, tuned on validation (paper 5e-4); with "
                 ">= 3 points a sanity check requires each pick strictly inside (runs with {2e-3, 6e-3} and "
                 "{2e-3, 6e-3, 1.8e-2} put the pipeline's pick on the top)"})
-    icl_grid: tuple[int, ...] = field(default=(0, 1, 2, 3), metadata={
-        "help": "in-context example dialogues for the stage-2 baseline, tuned on validation (same grid size)"})
+    icl_grid: tuple[int, ...] = field(default=(1, 2, 3, 4), metadata={
+        "help": "in-context example dialogues for the stage-2 baseline, tuned on validation (same grid size; "
+                "k >= 1: the issue's baseline is the stage-2 model *given* examples, k = 0 is the stage2 arm)"})
     n_eval: int = field(default=24, metadata={"help": "evaluation items per modality and set"})
     n_dialogues: int = field(default=24, metadata={"help": "held-out MosIT dialogues (2-4 turns each)"})
     ddim_steps: int = field(default=20, metadata={"help": "DDIM steps (paper: 40 on SD)"})
@@ -99,7 +100,7 @@ class Config(ExperimentConfig):
         if len(self.seeds) < 2:
             raise ValueError(f"{w}: seeds must hold >= 2 seeds for a paired interval, got {self.seeds!r}")
         val.each(w, "lr_grid", self.lr_grid, val.positive)
-        val.each(w, "icl_grid", self.icl_grid, val.integer, minimum=0)
+        val.each(w, "icl_grid", self.icl_grid, val.integer, minimum=1)
         if len(self.lr_grid) != len(self.icl_grid):
             raise ValueError(f"{w}: lr_grid and icl_grid must have the same size (equal tuning budget), got "
                              f"{len(self.lr_grid)} and {len(self.icl_grid)}")
