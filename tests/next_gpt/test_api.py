@@ -290,3 +290,30 @@ def test_ddim_with_an_exact_denoiser_recovers_the_data_and_the_loss_target_is_th
         DiffusionDecoder("image", tok, width=8, cond_tokens=4, cond_dim=8, T=50, prediction="x0")
     with pytest.raises(ValueError, match="FrozenConfig: prediction"):
         FrozenConfig(prediction="x0")
+
+
+_HASH_SEED_SCRIPT = """
+import numpy as np, torch
+from icml24.next_gpt import world as W
+from icml24.next_gpt.components import FrozenConfig, train_frozen_shell
+from icml24.next_gpt.experiment import samplers
+from icml24.next_gpt.model import NExTGPT, NExTGPTConfig
+mods = ("image", "audio", "video")
+torch.manual_seed(0)
+fr = train_frozen_shell(FrozenConfig(modalities=mods, llm_hidden=32, decoder_channels=8))
+m = NExTGPT(frozen=fr, config=NExTGPTConfig(modalities=mods, n_signal=(2, 2, 2), projector_hidden=16), seed=0)
+rng = np.random.default_rng(0)
+batch = m.build(samplers([W.spec(x) for x in mods])["stage2"](rng, 12), train=True, rng=rng)
+print(float(m.losses(batch, lam={"image": 1.0, "audio": 1.0, "video": 2.0})["l2"]).hex())
+"""
+
+
+def test_alignment_loss_does_not_depend_on_the_hash_seed():
+    """Stage-2 runs were not reproducible across processes while the loss summed modalities in set order."""
+    import os
+    import subprocess
+    import sys
+
+    out = {subprocess.run([sys.executable, "-c", _HASH_SEED_SCRIPT], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout.strip() for h in (1, 2, 3)}
+    assert len(out) == 1, out

@@ -307,7 +307,7 @@ class NExTGPT(nn.Module):
     def encode_media(self, items: list[Media]) -> torch.Tensor:
         """Frozen joint encoder + input projection: one LLM token per item, (n, d_llm)."""
         out = torch.zeros(len(items), self.d_llm)
-        for m in {it.modality for it in items}:
+        for m in sorted({it.modality for it in items}):
             idx = [i for i, it in enumerate(items) if it.modality == m]
             x = torch.stack([self._media_tensor(items[i]) for i in idx])
             with torch.no_grad():
@@ -419,7 +419,7 @@ class NExTGPT(nn.Module):
                               ignore_index=-100)
         align = torch.zeros(())
         if batch["spans"] and self.config.output_mode == "signal":
-            for m in {s[2] for s in batch["spans"]}:
+            for m in sorted({s[2] for s in batch["spans"]}):  # fixed order: the sum must not vary by hash seed
                 sp = [s for s in batch["spans"] if s[2] == m]
                 n = self.config.signal_count(m)
                 idx = torch.tensor([[st + i for i in range(n)] for _, st, _, _ in sp])
