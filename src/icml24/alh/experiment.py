@@ -5,7 +5,8 @@ training resets in [200, 260], warm-up actions 0, no exploration noise; evaluati
 ALH-g (and ALH-a) reach a higher evaluation return than TD3, paired per seed on the mean of the last two
 evaluations, 10 seeds. Every arm's learning rate is chosen from the same grid on separate validation seeds.
 The regime (the biased data hurts TD3) is checked by TD3 trained without the bias on the same seeds.
-The slow variant adds MuJoCo ``InvertedPendulum-v5`` (ALH no worse than TD3 by 5% of the return range).
+MuJoCo tasks run as separate resumable jobs (``mujoco_only``): ``InvertedPendulum-v5`` (issue: ALH no worse than TD3
+by 5% of the return range, 50k steps) and, in the slow variant, ``InvertedDoublePendulum-v5`` and ``Hopper-v5``.
 """
 
 from __future__ import annotations
