@@ -106,7 +106,8 @@ def test_interior_check_fails_on_an_edge_pick(tmp_path, monkeypatch, best, insid
 
 
 def test_pick_lr_and_interior_check():
-    from icml24.alh.experiment import interior_check, pick_lr
+    from icml24.alh.experiment import interior_check
+    from icml24.common.tuning import pick_best as pick_lr  # alh's lr pick (the shared rule)
 
     g = (3e-4, 1e-3, 3e-3)
     assert pick_lr(g, [-5.0, -3.0, -4.0]) == 1e-3
@@ -114,7 +115,7 @@ def test_pick_lr_and_interior_check():
     assert pick_lr(g, [-5.0, -3.0, -3.0]) == 1e-3  # exact tie: nearest the grid's middle (log scale)
     assert pick_lr(g, [-3.0, -4.0, -3.0]) == 3e-4  # tie at both edges, equally far: the smaller
     assert pick_lr((1e-4, 1e-3, 1e-2, 1e-1), [0.0, 0.0, 0.0, -1.0]) == 1e-3
-    with pytest.raises(ValueError, match="pick_lr"):
+    with pytest.raises(ValueError, match="pick_best"):
         pick_lr(g, [0.0, 1.0])
     ok = interior_check(arm="td3", lr=1e-3, grid=g, val_means=[-5.0, -3.0, -4.0], n_val=2)
     edge = interior_check(arm="alh_g", lr=3e-3, grid=g, val_means=[-5.0, -4.0, -3.0], n_val=2)

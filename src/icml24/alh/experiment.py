@@ -234,14 +234,6 @@ def _curve_plot(ax: Any, curves: dict[str, list[dict[str, Any]]], title: str) ->
     ax.legend(fontsize=8)
 
 
-def pick_lr(grid: tuple[float, ...], val_means: list[float]) -> float:
-    """The grid value with the highest mean validation return; exact ties go to the value nearest the grid's
-    middle in log scale, then to the smaller (:func:`icml24.common.tuning.pick_best`)."""
-    if len(grid) != len(val_means) or not grid:
-        raise ValueError(f"alh.pick_lr: grid has {len(grid)} values, val_means {len(val_means)}")
-    return pick_best(grid, val_means)
-
-
 def interior_check(*, arm: str, lr: float, grid: tuple[float, ...], val_means: list[float], n_val: int
                    ) -> ClaimCheck:
     """``sanity``: the validation-tuned lr of ``arm`` lies strictly inside its grid (an edge pick means the best
@@ -345,7 +337,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     for arm in ARMS:
         src = arm if arm in cfg.tune_arms else "alh_g" if arm.startswith("alh") and "alh_g" in cfg.tune_arms else arm
         if src in cfg.tune_arms and len(cfg.lr_grid) > 1:
-            lr_of[arm] = pick_lr(cfg.lr_grid, [float(np.mean(tune[src, lr])) for lr in cfg.lr_grid])
+            lr_of[arm] = pick_best(cfg.lr_grid, [float(np.mean(tune[src, lr])) for lr in cfg.lr_grid])
         else:
             lr_of[arm] = cfg.lr_grid[0]
 

@@ -254,9 +254,8 @@ def eval_gold(frozen: Frozen, items: list[list[W.Turn]], cfg: Config, seed: int)
     return float(np.mean(accs)), media
 
 
-def _icl_prefixes(sampler: Any, n: int, k: int, rng: np.random.Generator) -> list[list[list[W.Turn]]] | None:
-    if k == 0:
-        return None
+def _icl_prefixes(sampler: Any, n: int, k: int, rng: np.random.Generator) -> list[list[list[W.Turn]]]:
+    """``k`` in-context example dialogues for each of ``n`` dialogues."""
     return [sampler(rng, k) for _ in range(n)]
 
 
