@@ -186,12 +186,14 @@ def test_paired_check_clears_the_threshold_with_its_interval():
 @pytest.mark.parametrize("claims", [(), (True,), (False,), (True, True), (True, False), (False, False)])
 @pytest.mark.parametrize("mechanisms", [(), (True,), (False,), (True, False)])
 @pytest.mark.parametrize("sanity", [(), (True,), (False,), (True, False)])
-def test_verdict_label_follows_from_the_checks(claims, mechanisms, sanity):
+@pytest.mark.parametrize("schema", [2, 3])
+def test_verdict_label_follows_from_the_checks(claims, mechanisms, sanity, schema):
     checks = ([_check("claim", p) for p in claims] + [_check("mechanism", p) for p in mechanisms]
               + [_check("sanity", p) for p in sanity])
-    v = verdict(checks)
+    v = verdict(checks, schema=schema)
     held = sum(claims)
-    if False in sanity:
+    voided = schema == 3 and False in sanity  # an unscoped guard voids every claim
+    if schema == 2 and False in sanity:
         want = "inconclusive"
     elif not claims:
         want = f"no claim (mechanisms {sum(mechanisms)}/{len(mechanisms)})"
@@ -201,14 +203,17 @@ def test_verdict_label_follows_from_the_checks(claims, mechanisms, sanity):
         want = "does not hold"
     else:
         want = "partly holds"
+    if voided and claims:
+        want = f"inconclusive (0/{len(claims)} testable)"
     assert v["label"] == want
-    assert (v["claims_held"], v["claims_total"]) == (held, len(claims))
+    assert (v["claims_held"], v["claims_total"]) == ((0, 0) if voided else (held, len(claims)))
+    assert v.get("claims_void", 0) == (len(claims) if voided else 0)
     assert (v["mechanisms_held"], v["mechanisms_total"]) == (sum(mechanisms), len(mechanisms))
     assert v["sanity_failed"] == [c.name for c in checks if c.kind == "sanity" and not c.passed]
 
 
 def test_a_failing_sanity_check_is_inconclusive_and_mechanisms_never_change_the_label():
-    assert verdict([_check("claim", True), _check("sanity", False)])["label"] == "inconclusive"
+    assert verdict([_check("claim", True), _check("sanity", False)])["label"] == "inconclusive (0/1 testable)"
     for mech in ([], [_check("mechanism", False)], [_check("mechanism", True)]):
         assert verdict([_check("claim", True), *mech])["label"] == "holds"
         assert verdict([_check("claim", False), *mech])["label"] == "does not hold"
@@ -230,7 +235,7 @@ def test_results_schema_round_trip_and_report(tmp_path):
         assert key in data
     assert set(data["env"]) == {"python", "torch", "numpy", "platform", "threads", "device", "git_sha"}
     assert data["summary"]["lora"]["loss"]["mean"] == pytest.approx(2.0)
-    assert data["schema_version"] == 2 and data["verdict"]["label"] == "holds"
+    assert data["schema_version"] == 3 and data["verdict"]["label"] == "holds"
     c0 = data["claim_checks"][0]
     assert c0["kind"] == "claim" and c0["n"] == 3 and c0["ci_low"] <= c0["measured"] <= c0["ci_high"] and c0["passed"]
     assert data["claim_checks"][1]["measured"] == pytest.approx(1.5 / 2.0) and data["claim_checks"][1]["passed"]
@@ -242,11 +247,11 @@ def test_results_schema_round_trip_and_report(tmp_path):
     (tmp_path / "loraplus").mkdir()
     (tmp_path / "results.json").rename(tmp_path / "loraplus" / "results.json")
     md = render_results_md(tmp_path)
-    assert "| [loraplus](results/loraplus/report.md) | **holds** | 1/1 | 1/1 |" in md
+    assert "| [loraplus](results/loraplus/report.md) | 3 | **holds** | 1/1 | 0 | 1/1 |" in md
     old = dict(data, schema_version=1)
     (tmp_path / "mola").mkdir()
     (tmp_path / "mola" / "results.json").write_text(json.dumps(old))
-    assert "| [mola](results/mola/report.md) | schema 1, not yet re-run under the verdict rules" in \
+    assert "| [mola](results/mola/report.md) | 1 | schema 1, not yet re-run under the verdict rules" in \
         render_results_md(tmp_path)
 
 
@@ -286,7 +291,7 @@ def test_cli_run_applies_seeds_and_sets_and_summarises(fake_registry, tmp_path, 
     assert code == 0
     data = json.loads((tmp_path / "loraplus" / "results.json").read_text())
     assert data["seeds"] == [3, 4] and data["config"]["lr"] == 0.5 and data["claim_checks"][0]["passed"]
-    assert "| loraplus | holds (claims 1/1, mechanisms 0/0) |" in capsys.readouterr().out
+    assert "| loraplus | holds — claims 1/1, mechanisms 0/0, sanity all pass |" in capsys.readouterr().out
 
 
 def test_cli_strict_fails_on_a_claim_that_does_not_hold(fake_registry, tmp_path):
@@ -308,4 +313,4 @@ def test_cli_run_all_keeps_going_after_a_crash(fake_registry, tmp_path, capsys, 
     assert cli.main(["run", "all", "--quick", "--out", str(tmp_path), "--quiet"]) == 1
     out = capsys.readouterr().out
     assert calls == ["loraplus", "mola"]
-    assert "| loraplus | CRASHED: RuntimeError: boom |" in out and "| mola | does not hold (claims 0/1" in out  # one seed: no interval
+    assert "| loraplus | CRASHED: RuntimeError: boom |" in out and "| mola | does not hold — claims 0/1" in out  # one seed: no interval

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a Config field (converted by its type); repeatable")
     r.add_argument("--device", help="torch device, e.g. cpu or cuda")
     r.add_argument("--out", type=Path, help="output base folder (default: results/ for full runs, runs/quick/ for quick)")
-    r.add_argument("--strict", action="store_true", help="exit 1 unless every verdict is 'holds' (a claim or sanity check fails)")
+    r.add_argument("--strict", action="store_true", help="exit 1 unless every verdict is 'holds' with no claim void (a claim fails or a sanity check voids one)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     rep = sub.add_parser("report", help="(re)write RESULTS.md from results/<slug>/results.json")
     rep.add_argument("results_dir", nargs="?", type=Path, default=Path("results"))
@@ -79,6 +79,7 @@ def _parse_overrides(items: list[str]) -> dict[str, str] | str:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from icml24.common.progress import set_quiet
+    from icml24.common.results import verdict_line
 
     set_quiet(args.quiet)
     slugs = list(registry.PAPERS) if args.slugs == ["all"] else args.slugs
@@ -128,11 +129,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             rows.append((slug, f"CRASHED: {type(e).__name__}: {e}".splitlines()[0][:80], time.perf_counter() - t0))
             continue
         v = res.verdict
-        failed_claims += v["claims_total"] - v["claims_held"] + len(v["sanity_failed"])
-        rows.append((slug, f"{v['label']} (claims {v['claims_held']}/{v['claims_total']}, mechanisms "
-                           f"{v['mechanisms_held']}/{v['mechanisms_total']})", time.perf_counter() - t0))
+        failed_claims += not res.passed
+        rows.append((slug, verdict_line(v), time.perf_counter() - t0))
         for c in res.claim_checks:
-            mark = "holds" if c.passed else "DOES NOT HOLD"
+            mark = "VOID" if c.void_by else "holds" if c.passed else "DOES NOT HOLD"
             ci = f" [{c.ci_low:.4g}, {c.ci_high:.4g}]" if c.ci_low is not None else ""
             print(f"  [{c.kind}: {mark}] {c.name}: measured {c.measured:.4g}{ci} {c.direction} {c.threshold:.4g}")
         print(f"  report: {out_dir / 'report.md'}")

@@ -1,7 +1,8 @@
 """``RESULTS.md``: one row per paper from the committed full runs in ``results/<slug>/results.json``.
 
-Schema-2 runs show their verdict (DESIGN.md § Verdicts) with claims, mechanisms and sanity checks in separate
-tables; a schema-1 run (from before the verdict rules) is shown as such, never relabelled by hand.
+Schema-2 and schema-3 runs show their verdict (DESIGN.md § Verdicts) with claims, void claims (with the guard that
+voided each), mechanisms and sanity checks in separate tables; a schema-1 run (from before the verdict rules) is
+shown as such, never relabelled by hand. A schema-2 run keeps its own rule (any failed sanity check: inconclusive).
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from icml24 import registry
-from icml24.common.results import KINDS, SCHEMA_VERSION, RunResult, format_measured, write_atomic
+from icml24.common.results import (
+    READABLE_SCHEMAS,
+    RunResult,
+    check_status,
+    format_measured,
+    guard_scope,
+    write_atomic,
+)
 from icml24.common.stats import format_mean_std
 
 SCHEMA1_LABEL = "schema 1, not yet re-run under the verdict rules"
@@ -28,7 +36,7 @@ def _arms(r: RunResult, c) -> str:
 
 def _load(path: Path) -> RunResult | dict[str, Any]:
     d = json.loads(path.read_text(encoding="utf-8"))
-    return RunResult.from_dict(d) if d.get("schema_version") == SCHEMA_VERSION else d
+    return RunResult.from_dict(d) if d.get("schema_version") in READABLE_SCHEMAS else d
 
 
 def render_results_md(results_dir: Path) -> str:
@@ -42,43 +50,53 @@ def render_results_md(results_dir: Path) -> str:
              "Every verdict is computed from the numbers measured in that run (DESIGN.md § Verdicts): only "
              "*claims* (the paper's statement against its baselines, a paired 95% interval that must clear the "
              "threshold) make the verdict; *mechanisms* are shown beside it; a failed *sanity* check (the "
-             "paper's regime absent, a tuned value at its grid's edge, a negative control not rejected) makes it "
-             "**inconclusive**. A claim that does not hold at our scale is reported as such.", "",
-             "| paper | verdict | claims held | mechanisms held | sanity | wall time | command |",
-             "|---|---|---|---|---|---|---|"]
+             "paper's regime absent, a tuned value at its grid's edge, a negative control not rejected) *voids* "
+             "the claims it guards (schema 3), which are shown in their own rows and do not vote; the verdict is "
+             "**inconclusive** when fewer than half of the claims are testable. Schema-2 runs keep their rule: any "
+             "failed sanity check makes them inconclusive. A claim that does not hold at our scale is reported as "
+             "such.", "",
+             "| paper | schema | verdict | claims held | void | mechanisms held | sanity | wall time | command |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for slug, p in registry.PAPERS.items():
         r = results.get(slug)
         if r is None:
             name = f"[{slug}](src/icml24/{slug}/README.md)" if p.implemented else slug
-            lines.append(f"| {name} | {'no full run yet' if p.implemented else 'planned'} | — | — | — | — | — |")
+            lines.append(f"| {name} | — | {'no full run yet' if p.implemented else 'planned'} | — | — | — | — | — | — |")
         elif isinstance(r, dict):
             checks = r.get("claim_checks") or []
-            lines.append(f"| [{slug}](results/{slug}/report.md) | {SCHEMA1_LABEL} "
+            lines.append(f"| [{slug}](results/{slug}/report.md) | {r.get('schema_version')} | {SCHEMA1_LABEL} "
                          f"({sum(bool(c.get('passed')) for c in checks)}/{len(checks)} unlabelled checks) | — | — | "
-                         f"— | {r.get('timing', {}).get('wall_s', 0):.0f} s | `{r.get('command', '')}` |")
+                         f"— | — | {r.get('timing', {}).get('wall_s', 0):.0f} s | `{r.get('command', '')}` |")
         else:
             v = r.verdict
             sanity = f"failed: {', '.join(v['sanity_failed'])}" if v["sanity_failed"] else \
                 f"{len(r.checks('sanity'))}/{len(r.checks('sanity'))} pass"
-            lines.append(f"| [{slug}](results/{slug}/report.md) | **{v['label']}** | {v['claims_held']}/"
-                         f"{v['claims_total']} | {v['mechanisms_held']}/{v['mechanisms_total']} | {sanity} | "
+            lines.append(f"| [{slug}](results/{slug}/report.md) | {r.schema_version} | **{v['label']}** | "
+                         f"{v['claims_held']}/{v['claims_total']} | {v.get('claims_void', '—')} | "
+                         f"{v['mechanisms_held']}/{v['mechanisms_total']} | {sanity} | "
                          f"{r.timing.get('wall_s', 0):.0f} s | `{r.command}` |")
     for slug, r in results.items():
         if isinstance(r, dict):
             continue
         lines += ["", f"## {slug}: {r.paper.get('title')}", "", f"**Claim.** {r.claim}", "",
                   f"**Verdict: {r.label}.** Seeds {r.seeds}, mode {r.mode}, git {r.env.get('git_sha')}."]
-        for kind in KINDS:
-            checks = r.checks(kind)
+        claims = r.checks("claim")
+        groups = {"Claim": [c for c in claims if not c.void], "Void claim": [c for c in claims if c.void],
+                  "Mechanism": r.checks("mechanism"), "Sanity": r.checks("sanity")}
+        for title, checks in groups.items():
             if not checks:
                 continue
-            lines += ["", f"{kind.capitalize()} checks:", "",
-                      "| check | paper | arms (mean ± std) | measured [95% CI] | threshold | verdict |",
-                      "|---|---|---|---|---|---|"]
+            extra = {"Void claim": "voided by", "Sanity": "guards"}.get(title) if r.schema_version >= 3 else None
+            lines += ["", f"{title} checks:", "",
+                      "| check | paper | arms (mean ± std) | measured [95% CI] | threshold | "
+                      + (f"{extra} | " if extra else "") + "verdict |",
+                      "|---" * (7 if extra else 6) + "|"]
             for c in checks:
                 paper = c.paper_value if c.paper_value is not None else "—"
+                col = {"voided by": lambda c: "; ".join(c.void_by), "guards": guard_scope}[extra](c) if extra else None
                 lines.append(f"| {c.name} | {paper} | {_arms(r, c)} | {format_measured(c)} | "
-                             f"{c.direction} {c.threshold:.4g} | {'holds' if c.passed else '**does not hold**'} |")
+                             f"{c.direction} {c.threshold:.4g} | " + (f"{col} | " if extra else "")
+                             + f"{'void' if c.void else check_status(c)} |")
     return "\n".join(lines) + "\n"
 
 

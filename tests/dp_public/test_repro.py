@@ -160,4 +160,4 @@ def test_interior_checks_cover_every_tuned_knob_and_fail_on_single_value_grids(q
         assert c.kind == "sanity" and c.threshold == cfg.interior_min_fraction
     # quick: one η per arm, so every η pick is at the edge; E3's β grid has two values (n_priv/n, 0.99)
     assert all(c.measured == 0.0 and not c.passed for c in inner)
-    assert result.label == "inconclusive"
+    assert result.label.startswith("inconclusive")

@@ -113,7 +113,7 @@ def test_quick_interior_checks_fail_on_single_value_grids(quick_result):
     assert sorted(c.method_arm for c in inner) == sorted(grid_specs(cfg))
     for c in inner:
         assert c.kind == "sanity" and c.measured == 0.0 and not c.passed and c.n == 2 * len(cfg.seeds)
-    assert res.label == "inconclusive"
+    assert res.label.startswith("inconclusive")
 
 
 def test_grids_are_wide_and_name_their_mild_end():

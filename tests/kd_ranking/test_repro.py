@@ -88,7 +88,7 @@ def test_grid_interior_sanity_checks_count_the_tuned_temperatures(quick):
         assert sum(result.extra["tuned_tau_counts"][arm].values()) == n_cells
         assert c.kind == "sanity" and c.threshold == 0.5 and c.passed == (c.measured >= 0.5)
     if not all(c.passed for c in checks):  # a failed sanity check makes the run inconclusive
-        assert result.verdict["label"] == "inconclusive"
+        assert result.verdict["label"].startswith("inconclusive")
 
 
 def test_rank_students_invariant_and_kl_students_not(quick):

@@ -24,7 +24,7 @@ def test_quick_run_writes_results_report_and_plots(quick):
     assert {"results.json", "report.md", "finetune_curves.png", "width_law.png", "toy_scaling.png"} <= {
         p.name for p in out.iterdir()}
     saved = json.loads((out / "results.json").read_text())
-    assert saved["slug"] == "loraplus" and saved["schema_version"] == 2
+    assert saved["slug"] == "loraplus" and saved["schema_version"] == 3
     assert set(res.summary) == {"head", "lora", "loraplus", "width_law"}
 
 
@@ -51,7 +51,7 @@ def test_sanity_checks_can_fail_and_decide_the_verdict(quick):
     assert frozen.method_arm == "lora" and frozen.baseline_arm == "head" and frozen.ci_high is not None
     assert frozen.passed == (frozen.ci_high <= 0.0)
     if any(not c.passed for c in sanity):
-        assert res.label == "inconclusive"
+        assert res.label.startswith("inconclusive")
 
 
 def test_regime_lora_adapts_features_beyond_a_new_head(quick):

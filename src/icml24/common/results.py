@@ -1,14 +1,16 @@
-"""Run results: the ``results.json`` schema 2, checks computed from measured numbers, verdicts, Markdown reports.
+"""Run results: the ``results.json`` schema 3, checks computed from measured numbers, verdicts, Markdown reports.
 
-Schema (``SCHEMA_VERSION`` = 2): ``schema_version, slug, paper{title, arxiv, code}, claim, mode (quick|full),
+Schema (``SCHEMA_VERSION`` = 3): ``schema_version, slug, paper{title, arxiv, code}, claim, mode (quick|full),
 config, seeds, per_seed[{seed, metrics{arm: {metric: value}}}], summary{arm: {metric: {mean, std, n, ...}}},
 claim_checks[{name, kind, metric, baseline_arm, method_arm, direction, margin, threshold, measured, ci_low,
-ci_high, n, paper_value, passed, detail}], verdict{label, claims_held, claims_total, mechanisms_held,
-mechanisms_total, sanity_failed[]}, env{python, torch, numpy, platform, threads, device, git_sha},
-timing{started_at, wall_s}, artifacts[...], command``.
+ci_high, n, paper_value, passed, detail, guards (sanity), void_by (claim), reduces_to (claim)}],
+verdict{label, claims_held, claims_total, claims_void, mechanisms_held, mechanisms_total, sanity_failed[]},
+env{python, torch, numpy, platform, threads, device, git_sha}, timing{started_at, wall_s}, artifacts[...],
+command``. Schema 2 (no ``guards``/``void_by``/``claims_void``) is still read, and keeps its own verdict rule.
 
 Check kinds (DESIGN.md § Verdicts): only ``claim`` checks vote; ``mechanism`` checks are shown beside the
-verdict; a failed ``sanity`` check makes the verdict "inconclusive".
+verdict; a failed ``sanity`` check *voids* the claims it ``guards`` (by name; none named: every claim). The
+verdict is taken over the claims that are not void, and is "inconclusive" when fewer than half are testable.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import torch
 
 from icml24.common.stats import format_mean_std, one_sample_ci, paired_ci, summarize
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+READABLE_SCHEMAS: tuple[int, ...] = (2, 3)
 Direction = Literal["<=", ">=", "=="]
 Kind = Literal["claim", "mechanism", "sanity"]
 KINDS: tuple[str, ...] = ("claim", "mechanism", "sanity")
@@ -67,7 +70,10 @@ class ClaimCheck:
     n: int | None = None
     paper_value: str | float | None = None
     detail: str = ""
+    guards: list[str] = field(default_factory=list)
+    reduces_to: str | None = None
     passed: bool = field(init=False)
+    void_by: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if self.direction not in ("<=", ">=", "=="):
@@ -79,6 +85,11 @@ class ClaimCheck:
         if self.kind == "claim" and self.ci_low is None:
             raise ValueError(f"claim {self.name!r} needs a confidence interval; build it with paired_check or "
                              "one_sample_check (DESIGN.md § Verdicts)")
+        self.guards = list(self.guards or [])
+        if self.guards and self.kind != "sanity":
+            raise ValueError(f"check {self.name!r}: only a sanity check guards claims, this one is a {self.kind}")
+        if self.reduces_to is not None and self.kind != "claim":
+            raise ValueError(f"check {self.name!r}: reduces_to applies to claims only")
         self.measured, self.threshold = float(self.measured), float(self.threshold)
         has_ci = self.ci_low is not None
         if has_ci:
@@ -93,10 +104,20 @@ class ClaimCheck:
         else:
             lo, hi = (self.ci_low, self.ci_high) if has_ci else (m, m)
             self.passed = t - self.margin <= lo and hi <= t + self.margin
+        if self.reduces_to is not None and self.reduces_to == self.baseline_arm:
+            # DESIGN § Verdicts: a method tuned to its natural bound *is* that arm; a claim against it cannot hold
+            self.passed = False
+            note = f"{self.method_arm or 'the method'} reduces to {self.reduces_to} (tuned to its natural bound)"
+            self.detail = note if not self.detail else f"{self.detail}. {note}" if note not in self.detail \
+                else self.detail
+
+    @property
+    def void(self) -> bool:
+        return bool(self.void_by)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ClaimCheck:
-        d = {k: v for k, v in d.items() if k != "passed"}
+        d = {k: v for k, v in d.items() if k not in ("passed", "void_by")}
         for k in ("ci_low", "ci_high"):  # JSON stores NaN as null and ±inf as strings
             if isinstance(d.get(k), str) or (d.get(k) is None and d.get("kind") == "claim"):
                 d[k] = float(d[k]) if isinstance(d.get(k), str) else float("nan")
@@ -106,12 +127,15 @@ class ClaimCheck:
 def paired_check(*, name: str, metric: str, method: Sequence[float], baseline: Sequence[float],
                  direction: Direction, threshold: float = 0.0, kind: Kind = "claim",
                  method_arm: str | None = None, baseline_arm: str | None = None, log_ratio: bool = False,
-                 bootstrap: bool = False, paper_value: str | float | None = None, detail: str = "") -> ClaimCheck:
+                 bootstrap: bool = False, paper_value: str | float | None = None, detail: str = "",
+                 guards: Sequence[str] = (), reduces_to: str | None = None) -> ClaimCheck:
     """A check on the paired per-unit differences ``method − baseline`` (or ``log(method/baseline)``).
 
     "Method better by m" on a higher-is-better metric: ``direction=">=", threshold=m``; "no worse than m":
     ``direction=">=", threshold=-m``; on a lower-is-better metric (a loss): ``direction="<="`` with
-    ``threshold=-m`` / ``+m``. The 95% interval of the mean difference must clear the threshold.
+    ``threshold=-m`` / ``+m``. The 95% interval of the mean difference must clear the threshold. A ``sanity``
+    check names the claims it conditions in ``guards``; a claim whose method arm was tuned to a natural bound
+    where it equals the baseline passes ``reduces_to=baseline_arm`` and cannot hold.
     """
     st = paired_ci(method, baseline, log_ratio=log_ratio, bootstrap=bootstrap)
     what = "log-ratio" if log_ratio else "difference"
@@ -120,20 +144,21 @@ def paired_check(*, name: str, metric: str, method: Sequence[float], baseline: S
     return ClaimCheck(name=name, kind=kind, metric=metric, measured=st["mean"], threshold=threshold,
                       direction=direction, baseline_arm=baseline_arm, method_arm=method_arm, margin=abs(threshold)
                       if direction != "==" else 0.0, ci_low=st["ci_low"], ci_high=st["ci_high"], n=st["n"],
-                      paper_value=paper_value, detail=f"{auto}. {detail}".strip() if detail else auto)
+                      paper_value=paper_value, detail=f"{auto}. {detail}".strip() if detail else auto,
+                      guards=list(guards), reduces_to=reduces_to)
 
 
 def one_sample_check(*, name: str, metric: str, values: Sequence[float], direction: Direction,
                      threshold: float, kind: Kind = "claim", arm: str | None = None, margin: float = 0.0,
                      bootstrap: bool = False, paper_value: str | float | None = None,
-                     detail: str = "") -> ClaimCheck:
+                     detail: str = "", guards: Sequence[str] = ()) -> ClaimCheck:
     """A check on the mean of a per-unit statistic (per-seed slope, correlation, ratio...) with its 95% CI."""
     st = one_sample_ci(values, bootstrap=bootstrap)
     auto = f"mean {st['mean']:.4g} [{st['ci_low']:.4g}, {st['ci_high']:.4g}] over n={st['n']}"
     return ClaimCheck(name=name, kind=kind, metric=metric, measured=st["mean"], threshold=threshold,
                       direction=direction, method_arm=arm, margin=margin, ci_low=st["ci_low"],
                       ci_high=st["ci_high"], n=st["n"], paper_value=paper_value,
-                      detail=f"{auto}. {detail}".strip() if detail else auto)
+                      detail=f"{auto}. {detail}".strip() if detail else auto, guards=list(guards))
 
 
 def compare_arms(
@@ -148,6 +173,7 @@ def compare_arms(
     kind: Literal["ratio", "difference"],
     check_kind: Kind,
     paper_value: str | float | None = None,
+    guards: Sequence[str] = (),
 ) -> ClaimCheck:
     """A ``mechanism``/``sanity`` check on two arms' means (no interval, so never a ``claim``): ``ratio``
     checks ``method/baseline <dir> margin``; ``difference`` checks ``method - baseline <dir> margin``."""
@@ -157,31 +183,72 @@ def compare_arms(
     detail = f"{method_arm}={m:.6g}, {baseline_arm}={b:.6g}, {kind}={measured:.6g}"
     return ClaimCheck(name=name, kind=check_kind, metric=metric, measured=measured, threshold=margin,
                       direction=direction, baseline_arm=baseline_arm, method_arm=method_arm, margin=margin,
-                      paper_value=paper_value, detail=detail)
+                      paper_value=paper_value, detail=detail, guards=list(guards))
 
 
-def verdict(checks: Sequence[ClaimCheck]) -> dict[str, Any]:
+def resolve_guards(checks: Sequence[ClaimCheck]) -> None:
+    """Set each claim's ``void_by``: the failed sanity checks that guard it (a guard naming no claim: all).
+
+    Raises ``ValueError`` when a sanity check guards a name that is not a claim of the run, or two claims share
+    a name (guards are exact names, no patterns).
+    """
+    claims = [c for c in checks if c.kind == "claim"]
+    names = [c.name for c in claims]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup and any(c.guards for c in checks):
+        raise ValueError(f"claim names must be unique for guards to name them; repeated: {dup}")
+    for s in checks:
+        unknown = [g for g in s.guards if g not in names]
+        if unknown:
+            raise ValueError(f"sanity check {s.name!r} guards {unknown}, which name no claim of this run "
+                             f"(claims: {names})")
+    failed = [s for s in checks if s.kind == "sanity" and not s.passed]
+    for c in claims:
+        c.void_by = sorted(s.name for s in failed if not s.guards or c.name in s.guards)
+
+
+def _label(held: int, n: int) -> str:
+    return "holds" if held == n else "does not hold" if held == 0 else "partly holds"
+
+
+def verdict(checks: Sequence[ClaimCheck], *, schema: int = SCHEMA_VERSION) -> dict[str, Any]:
     """The run's verdict, from the checks alone (DESIGN.md § Verdicts).
 
-    ``inconclusive`` when any sanity check fails; else, over claim checks: ``holds`` (all), ``partly holds``,
-    ``does not hold`` (none); ``no claim (mechanisms k/n)`` when there is no claim. Mechanisms never vote.
+    Schema 3: a failed sanity check voids the claims it guards; over the claims that are not void, ``holds``
+    (all), ``partly holds``, ``does not hold`` (none), with "k/n, v void" beside it when some are void;
+    ``inconclusive (t/n testable)`` when fewer than half of the claims are testable; ``no claim (mechanisms
+    k/n)`` when there is no claim. Mechanisms never vote. Schema 2 (read only): any failed sanity check makes
+    the run ``inconclusive``.
     """
+    if schema not in READABLE_SCHEMAS:
+        raise ValueError(f"verdict: schema {schema!r} is not one of {READABLE_SCHEMAS}")
+    resolve_guards(checks)
     claims = [c for c in checks if c.kind == "claim"]
     mechs = [c for c in checks if c.kind == "mechanism"]
     sanity_failed = [c.name for c in checks if c.kind == "sanity" and not c.passed]
-    held, m_held = sum(c.passed for c in claims), sum(c.passed for c in mechs)
-    if sanity_failed:
+    m_held = sum(c.passed for c in mechs)
+    if schema == 2:
+        for c in claims:
+            c.void_by = []
+        live = claims
+    else:
+        live = [c for c in claims if not c.void]
+    held, void = sum(c.passed for c in live), len(claims) - len(live)
+    if schema == 2 and sanity_failed:
         label = "inconclusive"
     elif not claims:
         label = f"no claim (mechanisms {m_held}/{len(mechs)})"
-    elif held == len(claims):
-        label = "holds"
-    elif held == 0:
-        label = "does not hold"
+    elif 2 * len(live) < len(claims):
+        label = f"inconclusive ({len(live)}/{len(claims)} testable)"
+    elif void:
+        label = f"{_label(held, len(live))} {held}/{len(live)}, {void} void"
     else:
-        label = "partly holds"
-    return {"label": label, "claims_held": held, "claims_total": len(claims), "mechanisms_held": m_held,
-            "mechanisms_total": len(mechs), "sanity_failed": sanity_failed}
+        label = _label(held, len(live))
+    out = {"label": label, "claims_held": held, "claims_total": len(live), "mechanisms_held": m_held,
+           "mechanisms_total": len(mechs), "sanity_failed": sanity_failed}
+    if schema >= 3:
+        out["claims_void"] = void
+    return out
 
 
 def summarize_per_seed(per_seed: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -269,11 +336,16 @@ class RunResult:
     verdict: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.verdict = verdict(self.claim_checks)
+        self.verdict = verdict(self.claim_checks, schema=self.schema_version)
 
     @property
     def label(self) -> str:
         return self.verdict["label"]
+
+    @property
+    def holds(self) -> bool:
+        """True when every claim that is not void holds and at least half are testable."""
+        return self.label.startswith("holds")
 
     @property
     def claims_held(self) -> int:
@@ -281,7 +353,7 @@ class RunResult:
 
     @property
     def passed(self) -> bool:
-        """True when the verdict is "holds" (every claim holds and no sanity check failed)."""
+        """True when the verdict is "holds" with no claim void (every claim holds, no sanity check failed)."""
         return self.label == "holds"
 
     def checks(self, kind: Kind) -> list[ClaimCheck]:
@@ -289,13 +361,13 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["claim_checks"] = [asdict(c) for c in self.claim_checks]
+        d["claim_checks"] = [_check_dict(c, self.schema_version) for c in self.claim_checks]
         return _jsonable(d)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunResult:
-        if d.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"results schema_version {d.get('schema_version')!r} != {SCHEMA_VERSION}")
+        if d.get("schema_version") not in READABLE_SCHEMAS:
+            raise ValueError(f"results schema_version {d.get('schema_version')!r} is not one of {READABLE_SCHEMAS}")
         d = {k: v for k, v in d.items() if k != "verdict"}
         d["claim_checks"] = [ClaimCheck.from_dict(c) for c in d["claim_checks"]]
         return cls(**d)
@@ -311,6 +383,19 @@ class RunResult:
     @classmethod
     def load(cls, path: Path) -> RunResult:
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def _check_dict(c: ClaimCheck, schema: int) -> dict[str, Any]:
+    """A check as stored: schema 3 keeps ``guards`` on sanity checks and ``void_by``/``reduces_to`` on claims."""
+    d = asdict(c)
+    if schema < 3 or c.kind != "sanity":
+        d.pop("guards")
+    if schema < 3 or c.kind != "claim":
+        d.pop("void_by")
+        d.pop("reduces_to")
+    elif d["reduces_to"] is None:
+        d.pop("reduces_to")
+    return d
 
 
 class RunRecorder:
@@ -424,10 +509,25 @@ def format_measured(c: ClaimCheck) -> str:
     return f"{c.measured:.4g}{ci}"
 
 
+def check_status(c: ClaimCheck) -> str:
+    """``holds`` / ``**does not hold**``, or ``void (guard: …)`` for a claim a failed sanity check voids."""
+    if c.void_by:
+        return f"void (guard: {'; '.join(c.void_by)})"
+    return "holds" if c.passed else "**does not hold**"
+
+
+def guard_scope(c: ClaimCheck) -> str:
+    """What a sanity check conditions: the claims it names, or every claim."""
+    return "; ".join(c.guards) if c.guards else "all claims"
+
+
 def check_table(r: RunResult, checks: Sequence[ClaimCheck]) -> list[str]:
-    """Markdown table of checks: arms' mean ± std, measured with its 95% CI, threshold, n, paper, verdict."""
-    lines = ["| check | metric | baseline mean ± std | method mean ± std | measured [95% CI] | threshold | n | "
-             "paper | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    """Markdown table of checks: arms' mean ± std, measured with its 95% CI, threshold, n, paper, verdict;
+    sanity checks add the claims they guard."""
+    sanity = r.schema_version >= 3 and all(c.kind == "sanity" for c in checks)
+    head = "| check | metric | baseline mean ± std | method mean ± std | measured [95% CI] | threshold | n | paper |"
+    lines = [head + (" guards |" if sanity else "") + " verdict |",
+             "|---" * (10 if sanity else 9) + "|"]
     for c in checks:
         base = r.summary.get(c.baseline_arm or "", {}).get(c.metric)
         meth = r.summary.get(c.method_arm or "", {}).get(c.metric)
@@ -436,28 +536,36 @@ def check_table(r: RunResult, checks: Sequence[ClaimCheck]) -> list[str]:
         thr = f"{c.direction} {c.threshold:.4g}" + (f" ± {c.margin:.4g}" if c.direction == "==" else "")
         lines.append(f"| {c.name} | {c.metric} | {b} | {m} | {format_measured(c)} | {thr} | {c.n or '—'} | "
                      f"{c.paper_value if c.paper_value is not None else '—'} | "
-                     f"{'holds' if c.passed else '**does not hold**'} |")
+                     + (f"{guard_scope(c)} | " if sanity else "") + f"{check_status(c)} |")
     return lines
 
 
 _KIND_TITLES = {"claim": "Claims (these make the verdict)",
+                "void": "Void claims (a failed sanity check guards them: shown, not counted)",
                 "mechanism": "Mechanisms (shown beside the verdict, never counted)",
-                "sanity": "Sanity checks (any failure makes the verdict inconclusive)"}
+                "sanity": "Sanity checks (a failure voids the claims it guards)"}
+
+
+def verdict_line(v: dict[str, Any]) -> str:
+    """``label — claims k/n[, v void], mechanisms k/n, sanity …`` for reports and the CLI."""
+    void = f", {v['claims_void']} void" if v.get("claims_void") else ""
+    return (f"{v['label']} — claims {v['claims_held']}/{v['claims_total']}{void}, mechanisms "
+            f"{v['mechanisms_held']}/{v['mechanisms_total']}, sanity "
+            + (f"failed: {', '.join(v['sanity_failed'])}" if v["sanity_failed"] else "all pass"))
 
 
 def render_report(r: RunResult) -> str:
     """The per-run ``report.md``: verdict, then claims, mechanisms and sanity checks in separate tables."""
-    v = r.verdict
     lines = [f"# {r.slug}: {r.paper.get('title', '')}", ""]
     if r.paper.get("arxiv"):
         lines.append(f"arXiv: {r.paper['arxiv']} · official code: {r.paper.get('code') or 'none'}  ")
     lines += [f"Mode: **{r.mode}** · seeds: {r.seeds} · wall time: {r.timing.get('wall_s', 0):.1f} s", "",
               f"**Claim.** {r.claim}", "",
-              f"**Verdict: {v['label']}** — claims {v['claims_held']}/{v['claims_total']}, mechanisms "
-              f"{v['mechanisms_held']}/{v['mechanisms_total']}, sanity "
-              + (f"failed: {', '.join(v['sanity_failed'])}" if v["sanity_failed"] else "all pass"), ""]
-    for kind in KINDS:
-        checks = r.checks(kind)
+              f"**Verdict: {verdict_line(r.verdict).replace(' — ', '** — ', 1)}", ""]
+    claims = r.checks("claim")
+    groups = {"claim": [c for c in claims if not c.void], "void": [c for c in claims if c.void],
+              "mechanism": r.checks("mechanism"), "sanity": r.checks("sanity")}
+    for kind, checks in groups.items():
         if checks:
             lines += [f"## {_KIND_TITLES[kind]}", "", *check_table(r, checks), ""]
     details = [f"- {c.name}: {c.detail}" for c in r.claim_checks if c.detail]
