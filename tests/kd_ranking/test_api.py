@@ -433,7 +433,7 @@ def _token_batch(seed=0, b=3, tt=5, vocab=7):
 
 
 LOSSES = [lambda **kw: KLDistillLoss(tau=2.0, **kw)] + [
-    (lambda kind, top_k: lambda **kw: RankingKDLoss(kind=kind, top_k=top_k, **kw))(kind, top_k)
+    (lambda kind, top_k: lambda **kw: RankingKDLoss(kind=kind, top_k=top_k, **kw))(kind, top_k)  # noqa: B023 (bound by the outer lambda)
     for kind in RANKING_KINDS for top_k in (None, 3)]
 
 

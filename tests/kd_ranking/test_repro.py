@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from icml24.common.data import load_mnist1d
+from icml24.common.results import ClaimCheck, verdict
 from icml24.kd_ranking import KLDistillLoss, RankingKDLoss
 from icml24.kd_ranking.experiment import (
     Config,
@@ -19,6 +25,8 @@ from icml24.kd_ranking.experiment import (
     teacher_table_markdown,
     train_student,
 )
+
+CHECKER = Path(__file__).resolve().parents[3] / "shared" / "tools" / "check_results.py"
 
 
 @pytest.fixture(scope="module")
@@ -66,29 +74,62 @@ def test_both_arms_get_the_same_tuning_budget(quick):
     for key, v in result.extra["tuned"].items():
         arm = key.rsplit(":", 1)[1]
         grid = cfg.kl_taus if arm == "kl" else cfg.rank_tau_s
-        assert v["tau"] in grid and v["lam"] in cfg.kd_weights
+        assert v["tau"] in v["grid"] and set(grid) <= set(v["grid"]) and v["lam"] in cfg.kd_weights
+        assert len(v["grid"]) == len(grid) + len(v["extensions"])  # the declared grid plus its extensions
+        for ext in v["extensions_per_lam"].values():
+            assert len(ext) <= cfg.grid_extra
+            for e in ext:  # each extension is one grid ratio past the edge of the grid so far
+                assert any(math.isclose(e, g * r) for g in (grid[0], grid[-1]) for r in (2.0, 0.5, 4.0, 0.25))
     assert len(cfg.kl_taus) == len(cfg.rank_tau_s)
     with pytest.raises(ValueError, match="same tuning budget"):
         Config.quick().replace(rank_tau_s=(1.0,))
 
 
-def test_grid_interior_sanity_checks_count_the_tuned_temperatures(quick):
+def test_tuning_checks_count_the_tuned_temperatures_and_guard_the_claim(quick):
     result, _ = quick
     cfg = Config.quick()
-    checks = [c for c in result.claim_checks if c.metric == "interior_fraction"]
+    (claim,) = result.checks("claim")
+    checks = [c for c in result.claim_checks if c.metric == "tuned_inside_fraction"]
     assert [c.method_arm for c in checks] == ["kl:*", "rank:*"]
     n_cells = len(cfg.seeds) * len(cfg.teacher_channels)
-    for c, grid in zip(checks, (cfg.kl_taus, cfg.rank_tau_s)):
+    for c in checks:
         arm = c.method_arm.split(":")[0]
-        picked = [v["tau"] for k, v in result.extra["tuned"].items() if k.endswith(f":{arm}")]
-        assert len(picked) == n_cells
-        inside = sum(grid[0] < t < grid[-1] for t in picked)
+        cells = {k: v for k, v in result.extra["tuned"].items() if k.endswith(f":{arm}")}
+        assert len(cells) == n_cells == c.n
+        inside = sum(v["grid"][0] < v["tau"] < v["grid"][-1] for v in cells.values())  # of the evaluated grid
         assert c.measured == pytest.approx(inside / n_cells) == result.extra["tau_interior_fraction"][arm]
         assert result.extra["tau_at_grid_edge"][arm] == n_cells - inside
         assert sum(result.extra["tuned_tau_counts"][arm].values()) == n_cells
         assert c.kind == "sanity" and c.threshold == 0.5 and c.passed == (c.measured >= 0.5)
-    if not all(c.passed for c in checks):  # a failed sanity check makes the run inconclusive
+        assert c.guards == [claim.name] and c.detail.startswith("tuning: ")
+        t = result.extra["tuning"][arm]
+        assert t["grid_extra"] == cfg.grid_extra and set(t["picked"]) == {k.rsplit(":", 1)[0] for k in cells}
+    if not all(c.passed for c in checks):  # a failed tuning check voids the claim it guards
         assert result.verdict["label"].startswith("inconclusive")
+
+
+def test_every_sanity_check_names_what_it_guards_against_and_voids_only_the_claim(quick):
+    result, _ = quick
+    (claim,) = result.checks("claim")
+    sanity = result.checks("sanity")
+    starts = ("the regime: ", "negative control: ", "tuning: ")
+    assert all(c.detail.startswith(starts) and c.guards == [claim.name] for c in sanity)
+    for s in sanity:  # each guard, failed on its own, voids the claim and leaves the mechanisms shown
+        failed = ClaimCheck(**{**{k: getattr(s, k) for k in ("name", "metric", "kind", "guards", "detail")},
+                               "measured": float("nan"), "threshold": 0.0, "direction": ">="})
+        checks = [copy.deepcopy(c) if c is not s else failed for c in result.claim_checks]
+        v = verdict(checks)
+        assert v["label"] == "inconclusive (0/1 testable)" and v["claims_void"] == 1
+        assert v["sanity_failed"] == [s.name] and v["mechanisms_total"] == 3
+
+
+@pytest.mark.skipif(not CHECKER.exists(), reason="the shared checker is not beside this checkout")
+def test_quick_run_writes_schema_3_that_the_shared_checker_accepts(quick):
+    _, out = quick
+    d = json.loads((out / "results.json").read_text())
+    assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
+    proc = subprocess.run([sys.executable, str(CHECKER), str(out / "results.json")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_rank_students_invariant_and_kl_students_not(quick):
@@ -149,6 +190,8 @@ def test_student_same_seed_same_numbers():
     ({"kl_taus": (4.0, 1.0, 2.0)}, "kl_taus"),
     ({"rank_tau_s": (0.5, 0.5, 1.0)}, "rank_tau_s"),
     ({"interior_min_fraction": 1.5}, "interior_min_fraction"),
+    ({"grid_extra": -1}, "grid_extra"),
+    ({"grid_extra": 1.5}, "grid_extra"),
     ({"rank_kind": "bogus"}, "rank_kind"),
     ({"kd_weights": (0.0,)}, "kd_weights"),
     ({"kd_weights": (1.5,)}, "kd_weights"),

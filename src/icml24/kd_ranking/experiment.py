@@ -6,23 +6,27 @@ train/validation split of its training part). Each *zoo* is one split seed: a ca
 end fully fitted and over-confident) and MLP students distilled from the teachers' logits on the training part.
 
 For each teacher, KL-KD and rank-KD get the same tuning budget on validation: KL over τ ∈ ``kl_taus`` × λ ∈
-``kd_weights``, rank-KD over its student temperature τ_s ∈ ``rank_tau_s`` × the same λ; the configuration with the
-best validation accuracy is read on the test set. A CE-only student is the reference. Units of the paired
-intervals are the zoos.
+``kd_weights``, rank-KD over its student temperature τ_s ∈ ``rank_tau_s`` × the same λ. Schema 3 (issue 26): per
+(zoo, teacher) cell and per λ, the temperature is tuned with ``common.tuning.tune_grid`` (log grid; up to
+``grid_extra`` points added past an edge that beats its neighbour on validation accuracy; no natural bound: no
+temperature turns either loss into another arm), then the λ with the best validation accuracy at its tuned
+temperature is kept; the configuration is read on the test set. A CE-only student is the reference. Units of the
+paired intervals are the zoos.
 
 Checks (DESIGN § Verdicts):
 
 - claim: rank-KD − best-tuned KL-KD test accuracy >= ``claim_threshold`` (0), averaged over each zoo's
   over-confident teachers (validation confidence − accuracy > ``overconfidence``), paired t CI over zoos;
-- sanity: every zoo has an over-confident teacher (the regime); the claim's test rejects rank-KD on a
-  *shuffled* teacher ranking (the negative control: order is what rank-KD transfers); per arm, the tuned
-  temperature lies strictly inside its grid in >= ``interior_min_fraction`` (0.5) of the (zoo, teacher) cells
-  (otherwise "best-tuned" is only best on a truncated grid);
+- sanity, each guarding the claim (the only one): every zoo has an over-confident teacher (the regime); the
+  claim's test rejects rank-KD on a *shuffled* teacher ranking (the negative control: order is what rank-KD
+  transfers); per arm, ``tuning_check``: the tuned temperature lies strictly inside its evaluated grid (after
+  extensions) in >= ``interior_min_fraction`` (0.5) of the (zoo, teacher) cells (otherwise "best-tuned" is only
+  best on a truncated grid);
 - mechanism: within the capacity family, the KL-KD gain over CE falls with teacher ECE (Spearman, one-sided
   permutation p within zoos); mechanism: that correlation is stronger than rank-KD's own (the control), by a
   paired label-swap permutation test;
 - mechanism: rank-KD students are bit-identical under strictly increasing maps of the teacher logits; sanity:
-  the same test rejects KL-KD.
+  the same test rejects KL-KD (it also shows the KL arm reads its teacher, so it guards the claim).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, paired_check
 from icml24.common.seeding import numpy_generator, seed_everything, torch_generator
+from icml24.common.tuning import Tuned, tune_grid, tuning_check
 from icml24.kd_ranking.calibration import ece
 from icml24.kd_ranking.losses import RANKING_KINDS, KLDistillLoss, RankingKDLoss, distill
 
@@ -78,7 +83,11 @@ class Config(ExperimentConfig):
         "budget): the first run's {0.25, ..., 4} extended two octaves down and one up (both edges were tuned)"))
     interior_min_fraction: float = field(default=0.5, metadata=_h(
         "sanity: per arm, the fraction of (zoo, teacher) cells whose tuned temperature lies strictly inside its "
-        "grid must be >= this (else the grid is too narrow and 'best-tuned' is not; fixed before the run)"))
+        "evaluated grid (after extensions) must be >= this (else the grid is too narrow and 'best-tuned' is not; "
+        "fixed before the run)"))
+    grid_extra: int = field(default=2, metadata=_h(
+        "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets the same "
+        "budget (per (zoo, teacher) cell and λ, for τ and τ_s alike)"))
     kd_weights: tuple[float, ...] = field(default=(0.5, 0.9), metadata=_h(
         "λ grid of (1-λ) CE + λ L_kd, shared by both arms (ATS code: 0.5; Hinton: 0.9)"))
     rank_kind: Literal["pairwise", "listmle", "kendall_soft"] = field(default="pairwise", metadata=_h(
@@ -100,6 +109,7 @@ class Config(ExperimentConfig):
         for name in ("teacher_epochs", "student_epochs", "batch_size", "student_batch_size", "n_bins",
                      "n_permutations"):
             val.integer(w, name, getattr(self, name), minimum=1)
+        val.integer(w, "grid_extra", self.grid_extra, minimum=0)
         val.each(w, "teacher_channels", self.teacher_channels, val.integer, minimum=1)
         if len(self.teacher_channels) < 2 or len(set(self.teacher_channels)) != len(self.teacher_channels):
             raise ValueError(f"{w}: teacher_channels must hold >= 2 distinct widths, got {self.teacher_channels!r}")
@@ -110,7 +120,7 @@ class Config(ExperimentConfig):
         val.each(w, "rank_tau_s", self.rank_tau_s, val.positive)
         for name in ("kl_taus", "rank_tau_s"):
             g = getattr(self, name)
-            if any(b <= a for a, b in zip(g, g[1:])):
+            if any(b <= a for a, b in zip(g, g[1:], strict=False)):
                 raise ValueError(f"{w}: {name} must be strictly increasing, got {g!r}")
         val.probability(w, "interior_min_fraction", self.interior_min_fraction)
         val.each(w, "kd_weights", self.kd_weights, val.probability, open_low=True)
@@ -198,6 +208,39 @@ def _shuffle_ranking(t: torch.Tensor, seed: int) -> torch.Tensor:
     return torch.gather(t, 1, perm)
 
 
+def _kd_loss(cfg: Config, arm: str, tau: float) -> torch.nn.Module:
+    return KLDistillLoss(tau=tau) if arm == "kl" else RankingKDLoss(kind=cfg.rank_kind, tau_s=tau)
+
+
+def tune_cell(cfg: Config, split: Split, *, seed: int, teacher_train_logits: torch.Tensor, arm: str) -> dict[str, Any]:
+    """One (zoo, teacher) cell of one arm, tuned on validation accuracy.
+
+    For each λ in ``kd_weights``, the temperature (KL's τ or rank-KD's τ_s) is tuned with ``tune_grid`` on its
+    declared log grid, extended by its own ratio (up to ``grid_extra`` points) past an edge that beats its
+    neighbour; a cell is one replicate, so its standard error is 0 and ties go to the grid's centre. The λ whose
+    tuned temperature has the best validation accuracy is kept (first λ on ties). Returns the student run
+    (``r``), ``tau``, ``lam``, its ``Tuned`` and every λ's ``Tuned`` (``per_lam``).
+    """
+    if arm not in ("kl", "rank"):
+        raise ValueError(f"tune_cell: arm must be 'kl' or 'rank', got {arm!r}")
+    taus = cfg.kl_taus if arm == "kl" else cfg.rank_tau_s
+    runs: dict[tuple[float, float], dict[str, Any]] = {}
+    per_lam: dict[float, Tuned] = {}
+    for lam in cfg.kd_weights:
+        def evaluate(values: list[float], lam: float = lam) -> list[list[float]]:
+            out = []
+            for tau in values:
+                r = train_student(cfg, split, seed=seed, teacher_train_logits=teacher_train_logits,
+                                  loss=_kd_loss(cfg, arm, tau), kd_weight=lam)
+                runs[(tau, lam)] = r
+                out.append([r["val_acc"]])
+            return out
+        per_lam[lam] = tune_grid(evaluate, taus, score="score", maximize=True, log=True, max_extra=cfg.grid_extra)
+    lam = max(cfg.kd_weights, key=lambda lm: per_lam[lm].mean(per_lam[lm].value))  # first λ on ties
+    tn = per_lam[lam]
+    return {"r": runs[(tn.value, lam)], "tau": tn.value, "lam": lam, "tuned": tn, "per_lam": per_lam}
+
+
 # ------------------------------------------------------------------------------------------- statistics
 
 
@@ -236,8 +279,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     out_dir = Path(out_dir)
     rec = RunRecorder(SLUG, cfg, out_dir)
     chans = list(cfg.teacher_channels)
-    grids = {"kl": [(tau, lam) for tau in cfg.kl_taus for lam in cfg.kd_weights],
-             "rank": [(tau, lam) for tau in cfg.rank_tau_s for lam in cfg.kd_weights]}
+    n_configs = len(cfg.kl_taus) * len(cfg.kd_weights)  # declared configurations per arm (the same for both)
+    cells: dict[str, list[Tuned]] = {"kl": [], "rank": []}
     teachers: dict[int, dict[int, dict[str, Any]]] = {}
     tuned: dict[str, Any] = {}
     inv: dict[str, float] = {"rank": 0.0, "kl": 0.0}
@@ -262,20 +305,16 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             t_train = lg["train"]
             best: dict[str, dict[str, Any]] = {}
             for arm in ("kl", "rank"):
-                runs = []
-                for tau, lam in grids[arm]:
-                    loss = (KLDistillLoss(tau=tau) if arm == "kl"
-                            else RankingKDLoss(kind=cfg.rank_kind, tau_s=tau))
-                    r = train_student(cfg, split, seed=z, teacher_train_logits=t_train, loss=loss, kd_weight=lam)
-                    runs.append((r, tau, lam))
-                i = int(np.argmax([r["val_acc"] for r, _, _ in runs]))  # tuned on validation, first best on ties
-                r, tau, lam = runs[i]
-                best[arm] = {"r": r, "tau": tau, "lam": lam}
+                b = tune_cell(cfg, split, seed=z, teacher_train_logits=t_train, arm=arm)
+                best[arm] = b
+                r, tau, lam, tn = b["r"], b["tau"], b["lam"], b["tuned"]
+                cells[arm].append(tn)
                 metrics[f"{arm}:c{ch}"] = {"acc": r["test_acc"], "val_acc": r["val_acc"], "tau": tau, "lam": lam,
                                            "gain_over_ce": r["test_acc"] - ce["test_acc"]}
-                taus = cfg.kl_taus if arm == "kl" else cfg.rank_tau_s
-                tuned[f"zoo{z}:c{ch}:{arm}"] = {"tau": tau, "lam": lam, "tau_index": taus.index(tau),
-                                                "tau_at_grid_edge": not min(taus) < tau < max(taus)}
+                tuned[f"zoo{z}:c{ch}:{arm}"] = {
+                    "tau": tau, "lam": lam, "grid": list(tn.grid), "extensions": list(tn.extensions),
+                    "extensions_per_lam": {f"{lm:g}": list(t.extensions) for lm, t in b["per_lam"].items()},
+                    "tau_at_grid_edge": tn.edge is not None}
             # negative control of the claim: rank-KD at its tuned (τ_s, λ) on a shuffled teacher ranking
             b = best["rank"]
             shuf = train_student(cfg, split, seed=z, teacher_train_logits=_shuffle_ranking(t_train, z),
@@ -286,10 +325,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                 for arm in ("rank", "kl"):
                     b = best[arm]
                     for fn in TRANSFORMS.values():
-                        loss = (KLDistillLoss(tau=b["tau"]) if arm == "kl"
-                                else RankingKDLoss(kind=cfg.rank_kind, tau_s=b["tau"]))
-                        r = train_student(cfg, split, seed=z, teacher_train_logits=fn(t_train), loss=loss,
-                                          kd_weight=b["lam"])
+                        r = train_student(cfg, split, seed=z, teacher_train_logits=fn(t_train),
+                                          loss=_kd_loss(cfg, arm, b["tau"]), kd_weight=b["lam"])
                         diff = float((r["test_logits"] - b["r"]["test_logits"]).abs().max())
                         inv[arm] = max(inv[arm], diff)
         over = [ch for ch in chans if teachers[z][ch]["overconfident"]]
@@ -311,35 +348,44 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         paper_value="ranking loss helps poorly calibrated large teachers teach better",
         detail=f"per zoo: mean over its over-confident teachers (validation confidence − accuracy > "
                f"{cfg.overconfidence:g}; counts {[int(n) for n in n_over]}); both arms tuned on validation with "
-               f"{len(grids['kl'])} configurations each")]
+               f"{n_configs} declared configurations each and up to {cfg.grid_extra} extra temperatures per λ")]
+    claim = checks[0].name
     ctl = paired_check(name="ctl", metric="acc", method=shuf_o, baseline=kl_o, direction=">=", threshold=thr,
                        kind="sanity")
     checks.append(ClaimCheck(
         name="the claim's test rejects rank-KD on a shuffled teacher ranking", metric="acc",
         measured=float(ctl.ci_low), threshold=thr, direction="<=", kind="sanity", method_arm="rank_shuffled",
-        baseline_arm="kl (over-conf.)",
-        detail=f"negative control (rank-KD at its tuned τ_s, λ, each row of teacher logits permuted): the paired "
-               f"interval's lower bound must fall below {thr:g}. {ctl.detail}"))
+        baseline_arm="kl (over-conf.)", guards=[claim],
+        detail=f"negative control: a variant the paper's argument says must fail, here rank-KD at its tuned τ_s, λ "
+               f"on a teacher whose logits are permuted within each row (the order rank-KD transfers is destroyed); "
+               f"the claim's paired interval's lower bound must fall below {thr:g}. {ctl.detail}"))
     checks.append(ClaimCheck(
         name="the regime: every zoo has an over-confident teacher", metric="n_overconfident",
-        measured=float(min(n_over)), threshold=1.0, direction=">=", kind="sanity",
-        detail=f"over-confident teachers per zoo: {[int(n) for n in n_over]} of {len(chans)}; validation "
+        measured=float(min(n_over)), threshold=1.0, direction=">=", kind="sanity", guards=[claim],
+        detail=f"the regime: the claim is about over-confident teachers, so every zoo needs one. "
+               f"Over-confident teachers per zoo: {[int(n) for n in n_over]} of {len(chans)}; validation "
                "confidence − accuracy: " + "; ".join(
                    f"zoo {z}: " + ", ".join(f"c{c} {teachers[z][c]['overconfidence']:+.3f}" for c in chans)
                    for z in cfg.seeds)))
 
     n_cells = len(cfg.seeds) * len(chans)
     interior: dict[str, float] = {}
+    counts: dict[str, dict[str, int]] = {}
     for arm, taus, sym in (("kl", cfg.kl_taus, "τ"), ("rank", cfg.rank_tau_s, "τ_s")):
-        picked = [v["tau"] for k, v in tuned.items() if k.endswith(f":{arm}")]
-        interior[arm] = float(np.mean([min(taus) < t < max(taus) for t in picked]))
-        counts = ", ".join(f"{t:g}: {picked.count(t)}" for t in taus)
-        checks.append(ClaimCheck(
-            name=f"{'KL-KD' if arm == 'kl' else 'rank-KD'}'s tuned {sym} lies inside its grid",
-            metric="interior_fraction", measured=interior[arm], threshold=cfg.interior_min_fraction,
-            direction=">=", kind="sanity", method_arm=f"{arm}:*",
-            detail=f"fraction of the {n_cells} (zoo, teacher) cells whose validation-tuned {sym} is strictly inside "
-                   f"{{{', '.join(f'{t:g}' for t in taus)}}}; tuned {sym} per grid value: {counts}"))
+        picked = [t.value for t in cells[arm]]
+        values = sorted(set(taus) | set(picked))
+        counts[arm] = {f"{t:g}": picked.count(t) for t in values}
+        n_ext = sum(len(v["extensions"]) for k, v in tuned.items() if k.endswith(f":{arm}"))
+        c = tuning_check(
+            name=f"{'KL-KD' if arm == 'kl' else 'rank-KD'}'s tuned {sym} lies inside its grid", tuned=cells[arm],
+            threshold=cfg.interior_min_fraction, arm=f"{arm}:*", guards=[claim],
+            detail=f"tuning: the claim compares against the best-tuned arm, and a {sym} still at an edge of its grid "
+                   f"after extensions means it may not be tuned. Declared grid {{{', '.join(f'{t:g}' for t in taus)}}}"
+                   f", tuned per (zoo, teacher) cell and λ with up to {cfg.grid_extra} extensions each "
+                   f"({n_ext} added over the {n_cells} picked cells); tuned {sym} per value: "
+                   + ", ".join(f"{k}: {v}" for k, v in counts[arm].items()))
+        interior[arm] = c.measured
+        checks.append(c)
 
     x = np.array([teachers[z][c]["val_ece"] for z in cfg.seeds for c in chans])
     g_kl = np.array([rec.values(f"kl:c{c}", "gain_over_ce")[i] for i, _ in enumerate(cfg.seeds) for c in chans])
@@ -369,8 +415,10 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         detail=f"max |test-logit difference| over zoos, widest teacher, maps {list(TRANSFORMS)} (2.5t − 1, exp(t/4))"))
     checks.append(ClaimCheck(
         name="the invariance test rejects KL-KD", metric="max_abs_logit_diff", measured=inv["kl"], threshold=1e-6,
-        direction=">=", kind="sanity", method_arm="kl:*",
-        detail="negative control: KL-KD students under the same maps must differ"))
+        direction=">=", kind="sanity", method_arm="kl:*", guards=[claim],
+        detail="negative control: a variant the paper's argument says must fail, here KL-KD under the same strictly "
+               "increasing teacher maps (KL reads the teacher's confidence, so its students must differ); it also "
+               "shows that the KL arm the claim compares against reads its teacher at all"))
 
     # ---- plots
     arts = []
@@ -407,12 +455,19 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
               **{f"{a}_acc_std": float(s[f"{a}:c{c}"]["acc"]["std"]) for a in ("kl", "rank", "rank_shuffled")}}
              for c in chans]
     extra = {"teachers": table, "ce_acc": s["ce"]["acc"]["mean"], "tuned": tuned,
-             "tau_at_grid_edge": {arm: int(sum(v["tau_at_grid_edge"] for k, v in tuned.items() if k.endswith(arm)))
-                                  for arm in ("kl", "rank")},
+             "tau_at_grid_edge": {arm: int(sum(not t.ok for t in cells[arm])) for arm in ("kl", "rank")},
              "tau_interior_fraction": interior,
-             "tuned_tau_counts": {arm: {f"{t:g}": int(sum(v["tau"] == t for k, v in tuned.items()
-                                                          if k.endswith(f":{arm}"))) for t in taus}
-                                  for arm, taus in (("kl", cfg.kl_taus), ("rank", cfg.rank_tau_s))},
+             "tuned_tau_counts": counts,
+             "tuning": {arm: {"declared": list(taus), "grid_extra": cfg.grid_extra,
+                              "picked": {k.rsplit(":", 1)[0]: v["tau"] for k, v in tuned.items()
+                                         if k.endswith(f":{arm}")},
+                              "grid": {k.rsplit(":", 1)[0]: v["grid"] for k, v in tuned.items()
+                                       if k.endswith(f":{arm}")},
+                              "extensions": {k.rsplit(":", 1)[0]: v["extensions_per_lam"] for k, v in tuned.items()
+                                             if k.endswith(f":{arm}")},
+                              "n_extensions": int(sum(len(e) for k, v in tuned.items() if k.endswith(f":{arm}")
+                                                      for e in v["extensions_per_lam"].values()))}
+                        for arm, taus in (("kl", cfg.kl_taus), ("rank", cfg.rank_tau_s))},
              "n_cells": n_cells,
              "spearman": {"kl": rho_kl, "kl_p": p_kl, "rank": rho_rank, "rank_p": p_rank, "difference": d,
                           "difference_p": p_d, "teacher_acc_vs_ece": rho_acc_ece},
