@@ -273,7 +273,7 @@ def test_no_decay_agrees_with_transformers_trainer_on_a_llama():
                                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
     model = peft.get_peft_model(transformers.LlamaForCausalLM(cfg),
                                 peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    for n, p in model.named_parameters():
+    for _n, p in model.named_parameters():
         if p.ndim == 1:
             p.requires_grad_(True)  # every norm weight trainable: the case the decay rule decides
     decay = set(transformers.Trainer.get_decay_parameter_names(None, model))

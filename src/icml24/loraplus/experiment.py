@@ -5,12 +5,14 @@ the toy model (the mechanisms).
 pretrained on MNIST-1D classes 0-4 (source), then adapted to classes 5-9 with time-reversed series (target, a new
 5-way head) by three arms on the same data, batches and seeds: ``head`` (frozen backbone + new head), ``lora``
 (LoRA r=4 on every qkv/proj/fc1/fc2 + the new head, λ = 1) and ``loraplus`` (the same with λ = 16). Each arm's lr is
-chosen on the validation loss (mean over seeds) from the same grid; metrics are the test loss/accuracy at the
+tuned on the validation loss (over seeds) from the same grid with :func:`~icml24.common.tuning.tune_grid` (the grid
+extends past an edge that keeps winning, the same budget for every arm); metrics are the test loss/accuracy at the
 checkpoint with the lowest validation loss.
 
 (2) Width law: the synthetic MLP fine-tuning task (a frozen random 2-layer MLP of width n; the target adds a rank-4
-change to W2; LoRA on W2), over >= 4 widths × a λ grid × an η_A grid, scored on held-out inputs. The best λ per seed
-and width gives a per-seed slope of log(best λ) against log(n) (LoRA+ theory: λ* = Θ(n), slope 1).
+change to W2; LoRA on W2), over >= 4 widths × a λ grid × an η_A grid, scored on held-out inputs (η_A tuned per
+(n, λ) over seeds, λ per width over seeds and per seed, all with ``tune_grid``). The best λ per seed and width gives
+a per-seed slope of log(best λ) against log(n) (LoRA+ theory: λ* = Θ(n), slope 1).
 
 (3) The paper's toy model (§3): feature-update sizes under (η_A, η_B) = (c/n, c) versus one shared η.
 """
@@ -33,6 +35,7 @@ from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check
 from icml24.common.seeding import seed_everything, torch_generator
 from icml24.common.stats import paired_ci
+from icml24.common.tuning import Tuned, tune_grid, tuning_check
 from icml24.loraplus.finetune import finetune_transformer, make_transfer_task, pretrain
 from icml24.loraplus.lora import LoRALinear, apply_lora
 from icml24.loraplus.optimizer import create_loraplus_optimizer
@@ -58,6 +61,9 @@ class Config(ExperimentConfig):
                                       metadata=_h("η (η_A for LoRA/LoRA+, the head's lr for head), same grid per arm"))
     ft_rank: int = field(default=4, metadata=_h("r, LoRA rank, α = r"))
     default_ratio: float = field(default=16.0, metadata=_h("λ of the LoRA+ arm: 2^4, the paper's default"))
+    grid_extra: int = field(default=2, metadata=_h(
+        "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets the same "
+        "budget"))
     speed_threshold: float = field(default=0.6, metadata=_h(
         "claim: LoRA+ steps to LoRA's best held-out loss <= this × LoRA's steps (the paper's 'up to 2x', issue 9)"))
     # (2) width law on the synthetic MLP
@@ -92,6 +98,11 @@ class Config(ExperimentConfig):
                      "pretrain_steps", "ft_steps", "ft_batch", "ft_eval_every", "ft_rank"):
             v.integer(w, name, getattr(self, name), minimum=1)
         v.integer(w, "ft_samples", self.ft_samples, minimum=500)
+        v.integer(w, "grid_extra", self.grid_extra, minimum=0)
+        for name in ("ft_lrs", "lrs"):
+            if len(set(getattr(self, name))) < 2:
+                raise ValueError(f"{w}: {name} must hold >= 2 distinct values (a grid to tune on), got "
+                                 f"{getattr(self, name)}")
         if self.ft_dim % 4:
             raise ValueError(f"{w}: ft_dim must be a multiple of 4 (4 attention heads), got {self.ft_dim}")
         v.positive(w, "pretrain_lr", self.pretrain_lr)
@@ -102,7 +113,7 @@ class Config(ExperimentConfig):
     def quick(cls) -> Config:
         return cls(seeds=(0, 1), ft_samples=2000, pretrain_steps=150, ft_steps=60, ft_eval_every=20,
                    ft_lrs=(1e-3, 1e-2), widths=(32, 128), ratios=(1.0, 16.0, 64.0), lrs=(1e-3, 1e-2), steps=60,
-                   n_samples=128, n_heldout=128, toy_widths=(64, 1024))
+                   n_samples=128, n_heldout=128, toy_widths=(64, 1024), grid_extra=1)
 
 
 @dataclass
@@ -194,12 +205,6 @@ def steps_to_reach(curve: np.ndarray, level: float) -> int:
     return int(hit[0]) if hit.size else len(curve)
 
 
-def steps_to_reach(curve: np.ndarray, level: float) -> int:
-    """First step at which ``curve <= level`` (``len(curve) - 1`` steps budget; returns the budget+1 if never)."""
-    hit = np.flatnonzero(curve <= level)
-    return int(hit[0]) if hit.size else len(curve)
-
-
 def speed_ratio(lora: dict[str, np.ndarray], plus: dict[str, np.ndarray]) -> float:
     """Steps LoRA+ needs to reach LoRA's best test loss, over the steps LoRA needs (its first argmin).
 
@@ -219,8 +224,16 @@ def _at_best_val(c: dict[str, np.ndarray]) -> dict[str, float]:
             "test_acc": float(c["test_acc"][i]), "best_step": float(c["step"][i])}
 
 
-def _interior(grid: tuple[float, ...], x: float) -> bool:
-    return 0 < grid.index(x) < len(grid) - 1
+def _lead(sentence: str, check: ClaimCheck) -> ClaimCheck:
+    """Put the sentence naming what a sanity check guards against first in its detail (issue 26)."""
+    check.detail = f"{sentence} {check.detail}" if check.detail else sentence
+    return check
+
+
+def _tuning_record(t: Tuned) -> dict:
+    """What ``extra["tuning"]`` keeps of one tuned knob: the pick, the evaluated grid and the extensions."""
+    return {"picked": t.value, "grid": list(t.grid), "declared": list(t.declared), "extensions": list(t.extensions),
+            "ok": t.ok}
 
 
 def run(cfg: Config, out_dir: Path) -> RunResult:
@@ -228,37 +241,71 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     rec = RunRecorder(SLUG, cfg, out_dir)
     lam_plus = cfg.default_ratio
     arm_ratio = {"head": 1.0, "lora": 1.0, "loraplus": lam_plus}
-    # (1) fine-tuning: curves[arm][lr][seed]
-    ft: dict[str, dict[float, dict[int, dict[str, np.ndarray]]]] = {a: {lr: {} for lr in cfg.ft_lrs} for a in FT_ARMS}
-    jobs = [(s, a, lr) for s in cfg.seeds for a in FT_ARMS for lr in cfg.ft_lrs]
+    # (1) fine-tuning: curves[arm][lr][seed]; each arm's η tuned on the per-seed validation loss (issue 26)
     backbones: dict[int, tuple] = {}
-    for seed, arm, lr in progress(jobs, desc="loraplus fine-tuning"):
-        if seed not in backbones:
-            backbones.clear()
-            task = make_transfer_task(seed=seed, num_samples=cfg.ft_samples, device=cfg.device)
-            net = pretrain(task, dim=cfg.ft_dim, depth=cfg.ft_depth, steps=cfg.pretrain_steps, lr=cfg.pretrain_lr,
-                           batch_size=cfg.ft_batch, seed=seed)
-            backbones[seed] = (task, net)
-        task, net = backbones[seed]
-        ft[arm][lr][seed] = finetune_transformer(
-            net, task, mode="head" if arm == "head" else "lora", lr=lr, ratio=arm_ratio[arm], rank=cfg.ft_rank,
-            steps=cfg.ft_steps, batch_size=cfg.ft_batch, eval_every=cfg.ft_eval_every, seed=seed)
-    ft_val = {a: {lr: float(np.mean([_at_best_val(ft[a][lr][s])["val_loss"] for s in cfg.seeds]))
-                  for lr in cfg.ft_lrs} for a in FT_ARMS}
-    ft_lr = {a: min(cfg.ft_lrs, key=lambda lr: ft_val[a][lr]) for a in FT_ARMS}
+    for seed in progress(list(cfg.seeds), desc="loraplus pretraining"):
+        task = make_transfer_task(seed=seed, num_samples=cfg.ft_samples, device=cfg.device)
+        net = pretrain(task, dim=cfg.ft_dim, depth=cfg.ft_depth, steps=cfg.pretrain_steps, lr=cfg.pretrain_lr,
+                       batch_size=cfg.ft_batch, seed=seed)
+        backbones[seed] = (task, net)
+    ft: dict[str, dict[float, dict[int, dict[str, np.ndarray]]]] = {a: {} for a in FT_ARMS}
 
-    # (2) width law: heldout[seed][n][λ][lr]
-    heldout: dict[int, dict[int, dict[float, dict[float, float]]]] = {}
-    for seed, n in progress([(s, n) for s in cfg.seeds for n in cfg.widths], desc="loraplus width law"):
-        task = make_task(width=n, in_dim=cfg.in_dim, n_samples=cfg.n_samples, target_rank=cfg.target_rank,
-                         seed=seed, device=cfg.device, n_heldout=cfg.n_heldout)
-        heldout.setdefault(seed, {})[n] = {
-            lam: {lr: finetune(task, ratio=lam, lr=lr, rank=cfg.rank, steps=cfg.steps, seed=seed, heldout=True)[1]
-                  for lr in cfg.lrs} for lam in cfg.ratios}
-    law_mean = {n: {lam: {lr: float(np.mean([heldout[s][n][lam][lr] for s in cfg.seeds])) for lr in cfg.lrs}
-                    for lam in cfg.ratios} for n in cfg.widths}
-    law_lr = {n: {lam: min(cfg.lrs, key=lambda lr: law_mean[n][lam][lr]) for lam in cfg.ratios} for n in cfg.widths}
-    law_best = {n: min(cfg.ratios, key=lambda lam: law_mean[n][lam][law_lr[n][lam]]) for n in cfg.widths}
+    def ft_evaluate(arm: str):
+        def evaluate(lrs: list[float]) -> list[dict[str, list[float]]]:
+            out = []
+            for lr in progress(lrs, desc=f"loraplus fine-tuning {arm}"):
+                for seed in cfg.seeds:
+                    task, net = backbones[seed]
+                    ft[arm].setdefault(lr, {})[seed] = finetune_transformer(
+                        net, task, mode="head" if arm == "head" else "lora", lr=lr, ratio=arm_ratio[arm],
+                        rank=cfg.ft_rank, steps=cfg.ft_steps, batch_size=cfg.ft_batch,
+                        eval_every=cfg.ft_eval_every, seed=seed)
+                out.append({"val_loss": [_at_best_val(ft[arm][lr][s])["val_loss"] for s in cfg.seeds]})
+            return out
+        return evaluate
+
+    ft_tuned = {a: tune_grid(ft_evaluate(a), cfg.ft_lrs, score="val_loss", maximize=False, log=True,
+                             max_extra=cfg.grid_extra) for a in FT_ARMS}
+    ft_lr = {a: ft_tuned[a].value for a in FT_ARMS}
+    ft_val = {a: {lr: ft_tuned[a].mean(lr) for lr in ft_tuned[a].grid} for a in FT_ARMS}
+
+    # (2) width law: η_A tuned per (n, λ) on the held-out loss over seeds; λ per width over seeds and per seed
+    tasks: dict[tuple[int, int], FineTuneTask] = {}
+    heldout: dict[int, dict[int, dict[float, dict[float, float]]]] = {s: {n: {} for n in cfg.widths} for s in cfg.seeds}
+    lr_tuned: dict[int, dict[float, Tuned]] = {n: {} for n in cfg.widths}
+
+    def law_heldout(n: int, lam: float, lr: float, seed: int) -> float:
+        cell = heldout[seed][n].setdefault(lam, {})
+        if lr not in cell:
+            if (seed, n) not in tasks:
+                tasks[seed, n] = make_task(width=n, in_dim=cfg.in_dim, n_samples=cfg.n_samples,
+                                           target_rank=cfg.target_rank, seed=seed, device=cfg.device,
+                                           n_heldout=cfg.n_heldout)
+            cell[lr] = finetune(tasks[seed, n], ratio=lam, lr=lr, rank=cfg.rank, steps=cfg.steps, seed=seed,
+                                heldout=True)[1]
+        return cell[lr]
+
+    def law_at(n: int, lam: float) -> list[float]:
+        """Per-seed held-out loss at λ with η_A tuned for (n, λ) over seeds (memoised)."""
+        if lam not in lr_tuned[n]:
+            lr_tuned[n][lam] = tune_grid(
+                lambda lrs, n=n, lam=lam: [[law_heldout(n, lam, lr, s) for s in cfg.seeds] for lr in lrs], cfg.lrs,
+                score="heldout", maximize=False, log=True, max_extra=cfg.grid_extra)
+        t = lr_tuned[n][lam]
+        return t.at("heldout")
+
+    lam_tuned: dict[int, Tuned] = {}
+    seed_lam: dict[int, dict[int, Tuned]] = {s: {} for s in cfg.seeds}
+    for n in progress(list(cfg.widths), desc="loraplus width law"):
+        lam_tuned[n] = tune_grid(lambda lams, n=n: [law_at(n, lam) for lam in lams], cfg.ratios, score="heldout",
+                                 maximize=False, log=True, max_extra=cfg.grid_extra)
+        for i, seed in enumerate(cfg.seeds):  # one unit per seed: its own argmin, extending where it keeps winning
+            seed_lam[seed][n] = tune_grid(lambda lams, n=n, i=i: [[law_at(n, lam)[i]] for lam in lams], cfg.ratios,
+                                          score="heldout", maximize=False, log=True, max_extra=cfg.grid_extra)
+    law_lr = {n: {lam: t.value for lam, t in sorted(lr_tuned[n].items())} for n in cfg.widths}
+    law_mean = {n: {lam: {lr: t.mean(lr) for lr in t.grid} for lam, t in sorted(lr_tuned[n].items())}
+                for n in cfg.widths}
+    law_best = {n: lam_tuned[n].value for n in cfg.widths}
     log_n = np.log(np.asarray(cfg.widths, dtype=float))
 
     # (3) the toy model (deterministic)
@@ -272,49 +319,64 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         metrics: dict[str, dict[str, float]] = {a: _at_best_val(ft[a][ft_lr[a]][seed]) for a in FT_ARMS}
         metrics["loraplus"]["steps_ratio"] = speed_ratio(ft["lora"][ft_lr["lora"]][seed],
                                                         ft["loraplus"][ft_lr["loraplus"]][seed])
-        best = [min(cfg.ratios, key=lambda lam: heldout[seed][n][lam][law_lr[n][lam]]) for n in cfg.widths]
+        best = [seed_lam[seed][n].value for n in cfg.widths]
         slope = float(np.polyfit(log_n, np.log(best), 1)[0])
         slopes.append(slope)
         metrics["width_law"] = {f"best_lambda_n{n}": b for n, b in zip(cfg.widths, best, strict=True)}
         metrics["width_law"]["slope"] = slope
         rec.add_seed(seed, metrics)
-    summary = rec.summary()
 
     toy_ratio = lambda key, name: max(r[key] for r in toy[name]) / min(r[key] for r in toy[name])  # noqa: E731
     acc = paired_ci(rec.values("loraplus", "test_acc"), rec.values("lora", "test_acc"))
+    claim_loss = f"LoRA+ (λ={lam_plus:g}) beats LoRA on held-out loss"
+    claim_speed = f"LoRA+ reaches LoRA's best held-out loss in <= {cfg.speed_threshold:g}× LoRA's steps"
+    claim_names = [claim_loss, claim_speed]
+    # The width law conditions no claim (a mechanism), and a sanity check guarding no claim is not expressible
+    # (guards=[] means every claim): its tuning checks are reported in the mechanism's detail, never a vote.
+    lam_check = tuning_check(name="width law: best λ (mean over seeds) inside the λ grid at every width",
+                             tuned=[lam_tuned[n] for n in cfg.widths], arm="width_law")
+    lr_cells = [t for n in cfg.widths for t in lr_tuned[n].values()]
+    lr_check = tuning_check(name="width law: η_A inside its grid at every (n, λ)", tuned=lr_cells, arm="width_law")
+    seed_cells = [seed_lam[s][n] for s in cfg.seeds for n in cfg.widths]
+    law_tuning_note = (
+        f"tuning (not a vote: the width law conditions no claim): best λ inside its grid at "
+        f"{round(lam_check.measured * len(cfg.widths))}/{len(cfg.widths)} widths (extensions "
+        f"{sum(len(lam_tuned[n].extensions) for n in cfg.widths)}), η_A inside at "
+        f"{sum(t.ok for t in lr_cells)}/{len(lr_cells)} (n, λ) cells (extensions "
+        f"{sum(len(t.extensions) for t in lr_cells)}), per-seed λ inside at "
+        f"{sum(t.ok for t in seed_cells)}/{len(seed_cells)} (seed, n) cells")
     checks = [
-        rec.paired(name=f"LoRA+ (λ={lam_plus:g}) beats LoRA on held-out loss", metric="test_loss",
+        rec.paired(name=claim_loss, metric="test_loss",
                    method_arm="loraplus", baseline_arm="lora", direction="<=", threshold=0.0, kind="claim",
                    paper_value="1-2% accuracy gains (GLUE, roberta/gpt2)",
                    detail=f"test cross-entropy at the best-validation checkpoint; η tuned per arm on validation: "
                           f"LoRA η={ft_lr['lora']:g}, LoRA+ η_A={ft_lr['loraplus']:g}; paired accuracy "
                           f"difference {acc['mean']:+.2f} pt [{acc['ci_low']:+.2f}, {acc['ci_high']:+.2f}] (reported, "
                           f"not a vote)"),
-        one_sample_check(name=f"LoRA+ reaches LoRA's best held-out loss in <= {cfg.speed_threshold:g}× LoRA's steps",
-                         metric="steps_ratio", values=rec.values("loraplus", "steps_ratio"), direction="<=",
+        one_sample_check(name=claim_speed, metric="steps_ratio", values=rec.values("loraplus", "steps_ratio"), direction="<=",
                          threshold=cfg.speed_threshold, kind="claim", arm="loraplus",
                          paper_value="up to ~2x faster fine-tuning",
                          detail="per seed: first evaluation step at which LoRA+'s test loss <= LoRA's best test loss, "
                                 "over the step of LoRA's best (never reached counts as T + eval_every)"),
-        rec.paired(name="setup: LoRA beats the frozen backbone + new head on held-out loss", metric="test_loss",
-                   method_arm="lora", baseline_arm="head", direction="<=", threshold=0.0, kind="sanity",
-                   detail="the fine-tuning regime: adapting the features must matter"),
-        ClaimCheck(name="setup: tuned η of LoRA and LoRA+ interior to the fine-tuning grid", metric="interior (1/0)",
-                   measured=float(_interior(cfg.ft_lrs, ft_lr["lora"]) and _interior(cfg.ft_lrs, ft_lr["loraplus"])),
-                   threshold=1.0, direction=">=", kind="sanity",
-                   detail=f"LoRA η={ft_lr['lora']:g}, LoRA+ η_A={ft_lr['loraplus']:g}, head η={ft_lr['head']:g} "
-                          f"in {list(cfg.ft_lrs)}"),
+        _lead("the regime: adapting the features must matter (LoRA beats the frozen backbone + new head), a "
+              "precondition of both claims.",
+              rec.paired(name="setup: LoRA beats the frozen backbone + new head on held-out loss", metric="test_loss",
+                         method_arm="lora", baseline_arm="head", direction="<=", threshold=0.0, kind="sanity")),
+        tuning_check(name="setup: tuned η of the frozen backbone + head inside its grid", tuned=ft_tuned["head"],
+                     arm="head", detail="tuning: the head arm the regime check compares LoRA against must be tuned "
+                                        "(it conditions the regime, so it guards both claims)"),
+        tuning_check(name="setup: tuned η of LoRA inside the fine-tuning grid", tuned=ft_tuned["lora"], arm="lora",
+                     guards=claim_names,
+                     detail="tuning: the LoRA baseline both claims compare against must be tuned"),
+        tuning_check(name="setup: tuned η_A of LoRA+ inside the fine-tuning grid", tuned=ft_tuned["loraplus"],
+                     arm="loraplus", guards=claim_names,
+                     detail="tuning: the LoRA+ arm of both claims must be tuned"),
         one_sample_check(name="width law: slope of log(best λ) vs log(n) > 0", metric="slope", values=slopes,
                          direction=">=", threshold=0.0, kind="mechanism", arm="width_law",
                          paper_value="λ* = Θ(n): slope 1",
                          detail="per seed: least-squares slope over widths " + str(list(cfg.widths)) +
                                 "; best λ by width (mean over seeds): " +
-                                ", ".join(f"n={n}: {law_best[n]:g}" for n in cfg.widths)),
-        ClaimCheck(name="setup: width law's best λ interior to the λ grid at every width", metric="interior (1/0)",
-                   measured=float(all(_interior(cfg.ratios, law_best[n]) for n in cfg.widths)), threshold=1.0,
-                   direction=">=", kind="sanity",
-                   detail="mean-over-seeds best λ: " + ", ".join(f"n={n}: {law_best[n]:g}" for n in cfg.widths) +
-                          f" in {list(cfg.ratios)}"),
+                                ", ".join(f"n={n}: {law_best[n]:g}" for n in cfg.widths) + "; " + law_tuning_note),
         ClaimCheck(name="toy: (η_A, η_B) = (c/n, c) keeps both feature updates Θ(1) (max/min < 4)",
                    metric="max/min over n", measured=max(toy_ratio("delta_A", "loraplus"), toy_ratio("delta_B", "loraplus")),
                    threshold=4.0, direction="<=", kind="mechanism", paper_value="Θ(1) (paper §3)"),
@@ -336,8 +398,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     artifacts.append(save_figure(fig, out_dir / "finetune_curves.png"))
     fig, axes = new_figure(2, width=4.6)
     for n in cfg.widths:
-        band(axes[0], list(cfg.ratios), [[law_mean[n][lam][law_lr[n][lam]] for lam in cfg.ratios]], label=f"n={n}",
-             marker="o", log_y=True)
+        lams = sorted(law_lr[n])
+        band(axes[0], lams, [[law_mean[n][lam][law_lr[n][lam]] for lam in lams]], label=f"n={n}", marker="o",
+             log_y=True)
     axes[0].set(xscale="log", xlabel="λ = η_B / η_A", ylabel="held-out normalised MSE (tuned η_A)",
                 title="Width law: loss vs λ")
     axes[0].legend(fontsize=7)
@@ -358,12 +421,23 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                 title="Toy model: feature updates at step 2")
     axes[0].legend(fontsize=7)
     artifacts.append(save_figure(fig, out_dir / "toy_scaling.png"))
-    extra = {"ft_best_lr": ft_lr, "ft_mean_best_val_loss": {a: {f"{lr:g}": ft_val[a][lr] for lr in cfg.ft_lrs}
+    tuning = {a: _tuning_record(ft_tuned[a]) for a in FT_ARMS}
+    tuning["width_law"] = {
+        "grid_extra": cfg.grid_extra,
+        "lambda_by_width": {str(n): _tuning_record(lam_tuned[n]) for n in cfg.widths},
+        "lambda_by_seed_width": {str(s): {str(n): _tuning_record(seed_lam[s][n]) for n in cfg.widths}
+                                 for s in cfg.seeds},
+        "eta_a_by_width_lambda": {str(n): {f"{lam:g}": _tuning_record(t) for lam, t in sorted(lr_tuned[n].items())}
+                                  for n in cfg.widths},
+        "checks": {c.name: {"measured": c.measured, "passed": c.passed, "detail": c.detail}
+                   for c in (lam_check, lr_check)}}
+    extra = {"tuning": tuning, "grid_extra": cfg.grid_extra,
+             "ft_best_lr": ft_lr, "ft_mean_best_val_loss": {a: {f"{lr:g}": v for lr, v in ft_val[a].items()}
                                                             for a in FT_ARMS},
              "paired_test_acc_loraplus_minus_lora": acc,
-             "width_law_best_lr": {str(n): {f"{lam:g}": law_lr[n][lam] for lam in cfg.ratios} for n in cfg.widths},
-             "width_law_mean_heldout": {str(n): {f"{lam:g}": {f"{lr:g}": law_mean[n][lam][lr] for lr in cfg.lrs}
-                                                 for lam in cfg.ratios} for n in cfg.widths},
+             "width_law_best_lr": {str(n): {f"{lam:g}": lr for lam, lr in law_lr[n].items()} for n in cfg.widths},
+             "width_law_mean_heldout": {str(n): {f"{lam:g}": {f"{lr:g}": x for lr, x in law_mean[n][lam].items()}
+                                                 for lam in law_mean[n]} for n in cfg.widths},
              "width_law_best_lambda": {str(n): law_best[n] for n in cfg.widths},
              "toy": {name: [dict(n=n, **r) for n, r in zip(cfg.toy_widths, rows, strict=True)]
                      for name, rows in toy.items()}}

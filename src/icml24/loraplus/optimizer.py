@@ -18,9 +18,8 @@ is one held by an ``nn.LayerNorm``/``nn.RMSNorm`` (or a class named ``*LayerNorm
 
 from __future__ import annotations
 
-from typing import Any
-
 import re
+from typing import Any
 
 import torch
 from torch import nn
