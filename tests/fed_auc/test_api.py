@@ -9,8 +9,17 @@ import pytest
 import torch
 from torch import nn
 
-from icml24.fed_auc import (FederatedCompositionalAUC, average_states, aucm_loss, aucm_optimal_ab, aucm_optimal_alpha,
-                            compositional_auc_objective, dirichlet_split, load_task, simulate)
+from icml24.fed_auc import (
+    FederatedCompositionalAUC,
+    aucm_loss,
+    aucm_optimal_ab,
+    aucm_optimal_alpha,
+    average_states,
+    compositional_auc_objective,
+    dirichlet_split,
+    load_task,
+    simulate,
+)
 from icml24.fed_auc.backends import client_generator
 
 DT = torch.float64
@@ -180,20 +189,20 @@ def _naive_run(net, clients, *, objective, L, I, rounds, eta0, lr_x, lr_y, beta,
                 xb, yb = x[idx], y[idx]
                 yf = yb.to(DT)
                 if objective == "ce":
-                    gw = torch.func.grad(lambda w: ce(w, xb, yf))(s["w"])
+                    gw = torch.func.grad(lambda w: ce(w, xb, yf))(s["w"])  # noqa: B023 (called at once)
                     ga = gb = gal = None
                 elif objective == "aucm":
-                    gw, ga, gb, gal = torch.func.grad(lambda w, a, b, al: auc(w, a, b, al, xb, yb),
+                    gw, ga, gb, gal = torch.func.grad(lambda w, a, b, al: auc(w, a, b, al, xb, yb),  # noqa: B023 (called at once)
                                                       argnums=(0, 1, 2, 3))(s["w"], s["a"], s["b"], s["al"])
                 else:
                     pt, Js = s["w"], []
                     for lvl in range(L - 1):
-                        new = pt - eta0 * torch.func.grad(lambda w: ce(w, xb, yf))(pt)
-                        H = torch.autograd.functional.hessian(lambda w: ce(w, xb, yf), pt)
+                        new = pt - eta0 * torch.func.grad(lambda w: ce(w, xb, yf))(pt)  # noqa: B023 (called at once)
+                        H = torch.autograd.functional.hessian(lambda w: ce(w, xb, yf), pt)  # noqa: B023 (called at once)
                         Js.append(torch.eye(len(pt), dtype=DT) - eta0 * H)
                         s["h"][lvl] = new if s["h"][lvl] is None else (1 - beta) * s["h"][lvl] + beta * new
                         pt = s["h"][lvl]
-                    gu, ga, gb, gal = torch.func.grad(lambda w, a, b, al: auc(w, a, b, al, xb, yb),
+                    gu, ga, gb, gal = torch.func.grad(lambda w, a, b, al: auc(w, a, b, al, xb, yb),  # noqa: B023 (called at once)
                                                       argnums=(0, 1, 2, 3))(pt, s["a"], s["b"], s["al"])
                     gw = gu
                     for J in reversed(Js):

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from icml24.fed_auc.experiment import Config, run
+from icml24.common.results import ClaimCheck, verdict
+from icml24.fed_auc.experiment import TUNED_ARMS, Config, run
+
+CHECKER = Path(__file__).resolve().parents[3] / "shared" / "tools" / "check_results.py"
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +31,8 @@ def test_quick_run_writes_a_complete_result(quick):
     for name in ("auc_vs_round.png", "auc_vs_floats.png"):
         assert (out / name).stat().st_size > 1000
     kinds = [c.kind for c in res.claim_checks]
-    assert kinds.count("claim") == 3 and kinds.count("sanity") == 3
+    # per K: regime, negative control, one tuning check per tuned arm; then the ceiling
+    assert kinds.count("claim") == 3 and kinds.count("sanity") == 2 + len(TUNED_ARMS) + 1
     cfg = Config.quick()
     curves = res.extra["curves"]["K4/comp3"]
     assert curves["round"] == list(range(cfg.eval_every, cfg.rounds + 1, cfg.eval_every))
@@ -44,12 +53,74 @@ def test_quick_run_communication_cost_and_regime(quick):
     assert frozen.passed  # frozen estimators leave the predictor at its start: rejected
 
 
+def test_each_arm_is_tuned_with_tune_grid_and_its_extensions_recorded(quick):
+    res, _ = quick
+    cfg = Config.quick()
+    for arm in TUNED_ARMS:
+        t = res.extra["tuning"][f"K4/{arm}"]
+        assert t["declared"] == sorted(cfg.lr_grid) and t["grid_extra"] == cfg.grid_extra
+        assert t["grid"] == sorted(t["declared"] + t["extensions"]) and len(t["extensions"]) <= cfg.grid_extra
+        assert t["picked"] == res.extra["tuned_lr"][f"K4/{arm}"] and t["picked"] in t["grid"]
+        g = list(t["declared"])
+        for e in t["extensions"]:  # each one the grid's own ratio past an edge of the grid so far
+            assert math.isclose(e, g[-1] ** 2 / g[-2]) or math.isclose(e, g[0] ** 2 / g[1])
+            g = sorted([*g, e])
+        # the pick is the validation-best value or within one standard error of it (the one-SE rule)
+        means = {lr: res.extra["grid_val_auc_mean"][f"K4/{arm}/{lr}"] for lr in t["grid"]}
+        assert means[t["picked"]] <= max(means.values())
+        c = next(c for c in res.claim_checks if c.name == f"K=4: tuning: {arm}'s step η lies inside its grid")
+        assert c.passed == (t["edge"] is None) and c.detail.startswith("tuning: ")
+    # the controls (and the extra L = 4 row) run at comp3's tuned step, extensions included
+    assert res.extra["control_lr"]["K4"] == res.extra["tuning"]["K4/comp3"]["picked"]
+
+
+def test_guards_name_the_claims_they_condition_and_void_only_those(quick):
+    res, _ = quick
+    claims = {c.name: c for c in res.checks("claim")}
+    by_arm = {c.baseline_arm: c.name for c in claims.values()}
+    sanity = {c.name: c for c in res.checks("sanity")}
+    assert sanity["K=4: tuning: comp3's step η lies inside its grid"].guards == list(claims)
+    for arm in ("ce", "aucm", "comp2"):
+        assert sanity[f"K=4: tuning: {arm}'s step η lies inside its grid"].guards == [by_arm[arm]]
+    neg = next(c for n, c in sanity.items() if "negative control" in n)
+    assert neg.guards == [by_arm["aucm"]] and neg.detail.startswith("negative control: ")
+    assert next(c for n, c in sanity.items() if "clients training alone" in n).guards == list(claims)
+    assert next(c for n, c in sanity.items() if "ceiling" in n).guards == []  # global: every claim
+    assert all(c.detail.startswith(("the regime: ", "negative control: ", "tuning: ")) for c in sanity.values())
+    for s in sanity.values():  # fail each guard alone (the others passing): it voids exactly the claims it names
+        failed = ClaimCheck(name=s.name, metric=s.metric, kind="sanity", guards=s.guards, measured=float("nan"),
+                            threshold=0.0, direction=">=")
+        checks = [failed if c is s else copy.deepcopy(c) for c in res.claim_checks]
+        for c in checks:
+            if c.kind == "sanity" and c is not failed:  # pretend every other guard passed
+                c.passed = True
+        verdict(checks)
+        void = {c.name for c in checks if c.kind == "claim" and c.void}
+        assert void == (set(s.guards) or set(claims)), s.name
+    # the run itself: the failed guards void exactly their claims
+    for c in claims.values():
+        assert c.void_by == sorted(n for n, s in sanity.items() if not s.passed and (not s.guards or c.name in s.guards))
+
+
+@pytest.mark.skipif(not CHECKER.exists(), reason="the shared checker is not beside this checkout")
+def test_quick_run_writes_schema_3_that_the_shared_checker_accepts(quick):
+    _, out = quick
+    d = json.loads((out / "results.json").read_text())
+    assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
+    proc = subprocess.run([sys.executable, str(CHECKER), str(out / "results.json")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("kw, match", [
     ({"clients": (0,)}, "clients"),
     ({"rounds": 0}, "rounds must be >= 1"),
     ({"local_steps": 0}, "local_steps must be >= 1"),
     ({"levels": 1}, "levels"),
-    ({"lr_grid": (-0.1,)}, "lr_grid"),
+    ({"lr_grid": (-0.1, 0.1)}, "lr_grid"),
+    ({"lr_grid": (0.1,)}, "lr_grid"),
+    ({"lr_grid": (0.1, 0.1)}, "lr_grid"),
+    ({"grid_extra": -1}, "grid_extra"),
+    ({"grid_extra": 1.0}, "grid_extra"),
     ({"margin": 0.0}, "margin"),
     ({"imratio": 0.0}, "imratio"),
     ({"task": "cifar10"}, "task"),

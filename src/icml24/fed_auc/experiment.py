@@ -11,13 +11,20 @@ driven by the in-process simulator), the same data, initialisation, rounds R and
 - controls at comp3's tuned step: ``comp3_frozen`` (inner estimators frozen, β = 0: the weakened arm) and
   ``local`` (every client trains comp3 alone, no communication; AUC averaged over clients).
 
-Every tuned arm picks its step η (= η_x = η_y = η0) from the same grid by mean validation AUC over the seeds; test
-AUC (sklearn ``roc_auc_score``, in points) is read only at the chosen step. Claims (issue 12): comp3 no worse than
-comp2 and than aucm by more than 0.5 points, better than ce by ≥ 0.5 points (paired 95% t-intervals over seeds).
+Every tuned arm picks its step η (= η_x = η_y = η0) per K from the same declared grid by mean validation AUC over
+the seeds, with ``common.tuning.tune_grid`` (schema 3, issue 26): a log grid that grows by its own ratio past an
+edge that beats its neighbour by more than one standard error over seeds, up to ``grid_extra`` points (the same
+budget for every arm; no natural bound: no step size turns an arm into another), picked by the one-SE rule toward
+the grid's centre; test AUC (sklearn ``roc_auc_score``, in points) is read only at the chosen step. Claims
+(issue 12): comp3 no worse than comp2 and than aucm by more than 0.5 points, better than ce by ≥ 0.5 points (paired
+95% t-intervals over seeds). Guards: per K, each arm's tuning check guards that K's claims comparing the arm (comp3's
+guards all three), the regime check "federation beats clients alone" guards that K's claims, the frozen-estimator
+negative control guards the claim whose test it applies (comp3 vs aucm); the ceiling check guards every claim.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +40,7 @@ from icml24.common.plotting import band, new_figure, save_figure
 from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, paired_check
 from icml24.common.seeding import seed_everything
+from icml24.common.tuning import Tuned, tune_grid, tuning_check
 from icml24.fed_auc.algorithm import FederatedCompositionalAUC
 from icml24.fed_auc.backends import simulate
 from icml24.fed_auc.data import TASKS, BinaryTask, dirichlet_split, load_task
@@ -61,7 +69,10 @@ class Config(ExperimentConfig):
     hidden: tuple[int, ...] = field(default=(64, 64), metadata=help_text("MLP hidden widths (ours)"))
     lr_grid: tuple[float, ...] = field(default=(0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2), metadata=help_text(
         "η grid, η_x = η_y = η0 = η, tuned per arm on validation AUC (notes §5: {0.05, 0.1}; η0 = lr; "
-        "widened upward after full runs put baselines' tuned steps at the top edge)"))
+        "widened upward after full runs put baselines' tuned steps at the top edge); a log grid for tune_grid"))
+    grid_extra: int = field(default=2, metadata=help_text(
+        "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets the same "
+        "budget"))
     levels: int = field(default=3, metadata=help_text("L of the multi-level method (issue 12: 3)"))
     extra_levels: int = field(default=4, metadata=help_text("L of the extra row (issue 12: 4), first K only"))
     beta: float = field(default=0.9, metadata=help_text("β, new-value weight of the estimators (notes §5: 0.9)"))
@@ -89,8 +100,10 @@ class Config(ExperimentConfig):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden widths must be >= 1, got {self.hidden!r}")
-        if not self.lr_grid or any(not (math.isfinite(x) and x > 0) for x in self.lr_grid):
-            raise ValueError(f"lr_grid must hold finite values > 0, got {self.lr_grid!r}")
+        if len(set(self.lr_grid)) < 2 or any(not (math.isfinite(x) and x > 0) for x in self.lr_grid):
+            raise ValueError(f"lr_grid must hold >= 2 distinct finite values > 0 (tune_grid), got {self.lr_grid!r}")
+        if isinstance(self.grid_extra, bool) or not isinstance(self.grid_extra, int) or self.grid_extra < 0:
+            raise ValueError(f"grid_extra must be an int >= 0, got {self.grid_extra!r}")
         if self.levels < 2 or self.extra_levels < 2:
             raise ValueError(f"levels and extra_levels must be >= 2 (L < 2 is not compositional), got "
                              f"{self.levels}, {self.extra_levels}")
@@ -110,7 +123,8 @@ class Config(ExperimentConfig):
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(seeds=(0, 1), clients=(4,), rounds=6, local_steps=3, lr_grid=(0.2,), eval_every=3)
+        return cls(seeds=(0, 1), clients=(4,), rounds=6, local_steps=3, lr_grid=(0.1, 0.2, 0.4), eval_every=3,
+                   grid_extra=2)
 
 
 def _auc(y: torch.Tensor, s: torch.Tensor) -> float:
@@ -170,15 +184,19 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     tasks = {s: load_task(cfg.task, seed=s, imratio=cfg.imratio) for s in cfg.seeds}
     splits = {(K, s): dirichlet_split(tasks[s].y_train, num_clients=K, alpha=cfg.dirichlet_alpha, seed=s)
               for K in cfg.clients for s in cfg.seeds}
-    # 1) every tuned arm on the whole grid (validation AUC picks the step; test AUC is only read afterwards)
+    # 1) every tuned arm on its grid (validation AUC picks the step; test AUC is only read afterwards)
     grid: dict[tuple[int, str, float, int], dict[str, Any]] = {}
-    jobs = [(K, arm, lr, s) for K in cfg.clients for arm in _arms_for(cfg, K) for lr in cfg.lr_grid
-            for s in cfg.seeds]
-    for K, arm, lr, s in progress(jobs, desc=f"{SLUG} grid"):
-        seed_everything(s)
-        grid[K, arm, lr, s] = run_arm(tasks[s], splits[K, s], arm=arm, lr=lr, cfg=cfg, seed=s)
-    tuned = {(K, arm): max(cfg.lr_grid, key=lambda lr, K=K, arm=arm: np.mean(
-        [grid[K, arm, lr, s]["val_auc"] for s in cfg.seeds])) for K in cfg.clients for arm in _arms_for(cfg, K)}
+    tuning: dict[tuple[int, str], Tuned] = {}
+    for K in cfg.clients:
+        for arm in progress(_arms_for(cfg, K), desc=f"{SLUG} K={K} tuning"):
+            def evaluate(lrs: list[float], K: int = K, arm: str = arm) -> list[list[float]]:
+                for lr in lrs:
+                    for s in cfg.seeds:
+                        seed_everything(s)
+                        grid[K, arm, lr, s] = run_arm(tasks[s], splits[K, s], arm=arm, lr=lr, cfg=cfg, seed=s)
+                return [[grid[K, arm, lr, s]["val_auc"] for s in cfg.seeds] for lr in lrs]
+            tuning[K, arm] = tune_grid(evaluate, cfg.lr_grid, maximize=True, log=True, max_extra=cfg.grid_extra)
+    tuned = {key: t.value for key, t in tuning.items()}
     final = {(K, arm, s): grid[K, arm, tuned[K, arm], s] for (K, arm) in tuned for s in cfg.seeds}
     # 2) controls at comp3's tuned step
     jobs2 = [(K, arm, s) for K in cfg.clients for arm in (*CONTROL_ARMS, *EXTRA_ARMS) for s in cfg.seeds
@@ -199,42 +217,64 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
 
     mp = cfg.margin_points
     checks: list[ClaimCheck] = []
+    sanity: list[ClaimCheck] = []
+    names_all: list[str] = []
     for K in cfg.clients:
         met = f"test_auc_K{K}"
+        names = {"comp2": f"K={K}: multi-level (L={cfg.levels}) no worse than two-level (L=2) by > {mp} pt",
+                 "aucm": f"K={K}: multi-level no worse than AUC-M minimax by > {mp} pt",
+                 "ce": f"K={K}: multi-level better than CE-FedAvg by >= {mp} pt"}
+        names_all += names.values()
         checks += [
-            rec.paired(name=f"K={K}: multi-level (L={cfg.levels}) no worse than two-level (L=2) by > {mp} pt",
-                       metric=met, method_arm="comp3", baseline_arm="comp2", direction=">=", threshold=-mp,
-                       kind="claim", paper_value="multi-level ≥ two-level (abstract, directional)"),
-            rec.paired(name=f"K={K}: multi-level no worse than AUC-M minimax by > {mp} pt", metric=met,
-                       method_arm="comp3", baseline_arm="aucm", direction=">=", threshold=-mp, kind="claim",
+            rec.paired(name=names["comp2"], metric=met, method_arm="comp3", baseline_arm="comp2", direction=">=",
+                       threshold=-mp, kind="claim", paper_value="multi-level ≥ two-level (abstract, directional)"),
+            rec.paired(name=names["aucm"], metric=met, method_arm="comp3", baseline_arm="aucm", direction=">=",
+                       threshold=-mp, kind="claim",
                        paper_value="minimax AUC 'cannot achieve satisfactory performance' (abstract)"),
-            rec.paired(name=f"K={K}: multi-level better than CE-FedAvg by >= {mp} pt", metric=met,
-                       method_arm="comp3", baseline_arm="ce", direction=">=", threshold=mp, kind="claim",
-                       paper_value="AUC methods > CE under imbalance (notes §3)"),
-            rec.paired(name=f"K={K}: regime: federation beats clients training alone by >= {cfg.local_gap_points} pt",
-                       metric=met, method_arm="comp3", baseline_arm="local", direction=">=",
-                       threshold=cfg.local_gap_points, kind="sanity"),
+            rec.paired(name=names["ce"], metric=met, method_arm="comp3", baseline_arm="ce", direction=">=",
+                       threshold=mp, kind="claim", paper_value="AUC methods > CE under imbalance (notes §3)"),
         ]
+        regime = rec.paired(
+            name=f"K={K}: regime: federation beats clients training alone by >= {cfg.local_gap_points} pt",
+            metric=met, method_arm="comp3", baseline_arm="local", direction=">=", threshold=cfg.local_gap_points,
+            kind="sanity", guards=list(names.values()))
+        sanity.append(dataclasses.replace(regime, detail=(
+            f"the regime: at K={K} communication must matter (the federated method beats its clients training "
+            f"alone), else the K={K} comparisons are not about federated learning. {regime.detail}")))
         neg = paired_check(name="(weakened)", metric=met, method=rec.values("comp3_frozen", met),
                            baseline=rec.values("aucm", met), direction=">=", threshold=-mp, kind="mechanism")
-        checks.append(ClaimCheck(
+        sanity.append(ClaimCheck(
             name=f"K={K}: negative control: the non-inferiority test rejects comp3 with frozen estimators",
             metric=met, measured=float(neg.ci_low), threshold=-mp, direction="<=", kind="sanity",
-            method_arm="comp3_frozen", baseline_arm="aucm",
-            detail=f"lower 95% bound of comp3_frozen − aucm must be <= −{mp} (the test rejects it). {neg.detail}"))
-    if len(cfg.lr_grid) >= 3:
-        edge = [f"K{K}/{arm}={tuned[K, arm]}" for (K, arm) in tuned if tuned[K, arm] in (cfg.lr_grid[0], cfg.lr_grid[-1])]
-        checks.append(ClaimCheck(name="tuning: every arm's chosen step lies inside its grid", metric="tuned_lr",
-                                 measured=float(len(edge)), threshold=0.0, direction="<=", kind="sanity",
-                                 detail="at a grid edge: " + (", ".join(edge) or "none")))
+            method_arm="comp3_frozen", baseline_arm="aucm", guards=[names["aucm"]],
+            detail=f"negative control: a variant the paper's argument says must fail, here comp3 with frozen inner "
+                   f"estimators (β = 0) at comp3's tuned step; the lower 95% bound of comp3_frozen − aucm must be "
+                   f"<= −{mp} (the claim's non-inferiority test rejects it). {neg.detail}"))
+        for arm in _arms_for(cfg, K):
+            t = tuning[K, arm]
+            guards = list(names.values()) if arm == "comp3" else [names[arm]]
+            sanity.append(tuning_check(
+                name=f"K={K}: tuning: {arm}'s step η lies inside its grid", tuned=t, threshold=1.0, arm=arm,
+                guards=guards,
+                detail=f"tuning: the claims compare against each arm at its best step on validation AUC, and a step "
+                       f"still at an edge of the grid after {len(t.extensions)}/{cfg.grid_extra} extensions may not "
+                       f"be {arm}'s best (guards the K={K} claims with {arm})"))
     best = max(rec.summary()[a][f"test_auc_K{K}"]["mean"] for K in cfg.clients for a in _arms_for(cfg, K))
-    checks.append(ClaimCheck(name="regime: best arm's mean test AUC below the ceiling (99 pt)", metric="test_auc",
-                             measured=best, threshold=99.0, direction="<=", kind="sanity"))
+    sanity.append(ClaimCheck(
+        name="regime: best arm's mean test AUC below the ceiling (99 pt)", metric="test_auc", measured=best,
+        threshold=99.0, direction="<=", kind="sanity",
+        detail="the regime: below the AUC ceiling there is room for one arm to beat another (guards every claim); "
+               f"best mean test AUC over arms and K: {best:.2f}"))
+    checks += sanity
 
     artifacts = _plots(cfg, final, out_dir)
     curve_keys = [*tuned, *((cfg.clients[0], a) for a in EXTRA_ARMS)]
     extra = {
         "tuned_lr": {f"K{K}/{arm}": lr for (K, arm), lr in tuned.items()},
+        "control_lr": {f"K{K}": tuned[K, "comp3"] for K in cfg.clients},
+        "tuning": {f"K{K}/{arm}": {"picked": t.value, "declared": list(t.declared), "grid": list(t.grid),
+                                   "extensions": list(t.extensions), "edge": t.edge, "grid_extra": cfg.grid_extra}
+                   for (K, arm), t in tuning.items()},
         "grid_val_auc_mean": {f"K{K}/{arm}/{lr}": float(np.mean([grid[K, arm, lr, s]["val_auc"] for s in cfg.seeds]))
                               for (K, arm, lr, _s) in grid},
         "test_auc_at_x_mean": {f"K{K}/{arm}": float(np.mean([final[K, arm, s]["test_auc_at_x"] for s in cfg.seeds]))
