@@ -4,13 +4,17 @@ the arms and the validation-only model selection."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+import math
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from icml24.common.data import Split
+from icml24.common.results import ClaimCheck, verdict
 from icml24.iffn import IFFN, AGeLU
 from icml24.iffn.experiment import (
     ARMS,
@@ -24,6 +28,8 @@ from icml24.iffn.experiment import (
     toy_model,
     train_toy,
     train_vit,
+    tune_lr,
+    tuning_guards,
 )
 
 
@@ -46,7 +52,7 @@ def test_quick_checks_kinds_and_pairing(quick_result):
     result, _ = quick_result
     cfg = Config.quick()
     kinds = [c.kind for c in result.claim_checks]
-    assert kinds.count("claim") == 3 and kinds.count("sanity") == 2
+    assert kinds.count("claim") == 3 and kinds.count("sanity") == 2 + len(tuning_guards(cfg))
     assert kinds.count("mechanism") == 2 + 2 * len(cfg.toy_targets)
     expected = [(cfg.claim_method, cfg.claim_matched, 0.0), (cfg.claim_method, cfg.claim_full, -cfg.acc_margin),
                 (cfg.claim_agelu, cfg.claim_gelu, 0.0)]
@@ -55,7 +61,7 @@ def test_quick_checks_kinds_and_pairing(quick_result):
         d = [r["metrics"][m]["acc"] - r["metrics"][b]["acc"] for r in result.per_seed]
         assert c.measured == pytest.approx(sum(d) / len(d)) and c.n == len(d)
         assert c.ci_low <= c.measured <= c.ci_high and c.passed == (c.ci_low >= thr)
-    regime, control = result.checks("sanity")
+    regime, control = result.checks("sanity")[:2]
     assert (regime.method_arm, regime.baseline_arm, regime.threshold) == (cfg.claim_full, cfg.claim_reduced,
                                                                           cfg.regime_gap)
     # the negative control is the non-inferiority test applied to FFN r1: it must put FFN r1 below -margin
@@ -78,14 +84,85 @@ def test_quick_model_selection_and_lr_record(quick_result):
     cfg = Config.quick()
     extra = json.loads((out / "results.json").read_text())["extra"]
     for arm in cfg.vit_arms:
-        assert extra["tuned_lr"][arm] in cfg.lr_grid
+        t = extra["tuning"][arm]
+        lr = extra["tuned_lr"][arm]
+        assert lr == t["picked"] and lr in t["grid"] and t["declared"] == list(cfg.lr_grid)
+        assert sorted(t["declared"] + t["extensions"]) == t["grid"] and len(t["extensions"]) <= cfg.grid_extra
         sweep = extra["lr_sweep_val_acc"][arm]
-        assert extra["tuned_lr"][arm] == max(cfg.lr_grid, key=lambda lr: sweep[str(lr)])
+        assert set(sweep) == {str(v) for v in t["grid"]}
+        assert sweep[str(lr)] == max(sweep.values())  # one tuning seed: the pick is the validation best
+        assert t["ok"] == (t["grid"][0] < lr < t["grid"][-1]) and (arm in extra["lr_at_grid_edge"]) == (not t["ok"])
         row0 = result.per_seed[0]["metrics"][arm]
-        assert row0["val_acc"] == sweep[str(extra["tuned_lr"][arm])]  # the tuning run is seed 0's final run
+        assert row0["val_acc"] == sweep[str(lr)] and row0["lr"] == lr  # the tuning run is seed 0's final run
         for row in result.per_seed:
             assert 1 <= row["metrics"][arm]["best_epoch"] <= cfg.epochs
             assert row["metrics"][arm]["acc"] > 15.0  # above chance (10%) even in the 3-epoch quick run
+
+
+def test_quick_run_writes_schema3_that_the_shared_checker_accepts(quick_result):
+    _, out = quick_result
+    data = json.loads((out / "results.json").read_text())
+    assert data["schema_version"] == 3 and "claims_void" in data["verdict"]
+    checker = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
+    if not checker.exists():
+        pytest.skip("the shared checker is not beside this checkout")
+    spec = importlib.util.spec_from_file_location("check_results", checker)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.check(str(out / "results.json")) is None
+
+
+def test_quick_guards_name_exactly_their_claims(quick_result):
+    result, _ = quick_result
+    cfg = Config.quick()
+    matched, full, agelu = (c.name for c in result.checks("claim"))
+    regime, control, *tuning = result.checks("sanity")
+    assert regime.guards == [matched, full] and control.guards == [full]
+    assert regime.detail.startswith("the regime:") and control.detail.startswith("negative control:")
+    guards = tuning_guards(cfg)
+    assert {c.method_arm: c.guards for c in tuning} == guards
+    assert guards[cfg.claim_gelu] == [agelu] and guards[cfg.claim_matched] == [matched]
+    assert guards[cfg.claim_full] == [full] and guards[cfg.claim_reduced] == [matched, full]
+    assert guards[cfg.claim_method] == [matched, full] and all(c.detail.startswith("tuning:") for c in tuning)
+    failed = {c.name for c in result.checks("sanity") if not c.passed}
+    for c in result.checks("claim"):
+        assert c.void_by == sorted(s.name for s in result.checks("sanity") if s.name in failed and c.name in s.guards)
+    # a failed regime check alone voids the two width claims and leaves the AGeLU claim to vote
+    def sanity(c, ok):
+        return ClaimCheck(name=c.name, metric=c.metric, measured=float(ok), threshold=1.0, direction=">=",
+                          kind="sanity", guards=c.guards)
+    checks = [*result.checks("claim"), sanity(regime, False), sanity(control, True), *(sanity(c, True) for c in tuning)]
+    v = verdict(checks)
+    assert [c.void_by for c in checks[:3]] == [[regime.name], [regime.name], []]
+    assert v["claims_void"] == 2 and v["label"].startswith("inconclusive (1/3 testable)")
+    # a failed tuning check of the GeLU arm voids only the AGeLU claim
+    checks = [*result.checks("claim"), sanity(regime, True), sanity(control, True),
+              *(sanity(c, c.method_arm != cfg.claim_gelu) for c in tuning)]
+    verdict(checks)
+    assert [bool(c.void_by) for c in checks[:3]] == [False, False, True]
+
+
+def test_tune_lr_extends_past_a_winning_edge_and_keeps_every_run(monkeypatch):
+    import icml24.iffn.experiment as ex
+
+    calls = []
+
+    def fake(arm, split, lr, cfg, seed):  # validation accuracy peaks at lr = 4e-2, above the declared grid
+        calls.append(lr)
+        acc = 90.0 - 10.0 * (math.log10(lr) - math.log10(4e-2)) ** 2
+        return {"val_acc": acc, "acc": acc - 1.0}, None
+
+    monkeypatch.setattr(ex, "_train_arm", fake)
+    cfg = dataclasses.replace(Config.quick(), lr_grid=(2.5e-3, 5e-3, 1e-2), grid_extra=2)
+    runs: dict = {}
+    t = tune_lr("ffn_r4", None, cfg, 0, runs)
+    assert t.extensions == pytest.approx([2e-2, 4e-2]) and t.value == pytest.approx(4e-2) and not t.ok  # budget spent
+    t = tune_lr("ffn_r4", None, dataclasses.replace(cfg, grid_extra=3), 0, runs)
+    assert t.extensions == pytest.approx([2e-2, 4e-2, 8e-2]) and t.value == pytest.approx(4e-2) and t.ok
+    assert set(runs) == set(t.grid)
+    assert t.at("acc") == [pytest.approx(89.0)]
+    t = tune_lr("ffn_r4", None, dataclasses.replace(cfg, grid_extra=0), 0, {})
+    assert t.extensions == [] and t.value == pytest.approx(1e-2) and not t.ok
 
 
 def test_quick_toy_direction(quick_result):
@@ -240,6 +317,8 @@ def test_same_seed_same_numbers_toy():
     ({"kernel_size": 4}, "kernel_size must be odd"),
     ({"lr_grid": (3e-3, 1e-3)}, "strictly increasing"),
     ({"lr_grid": (0.0,)}, "lr_grid"),
+    ({"lr_grid": (1e-3,)}, ">= 2 values"),
+    ({"grid_extra": -1}, "grid_extra"),
     ({"n_instances": 0}, "n_instances must be an int >= 1"),
     ({"num_heads": 3}, "divisible by num_heads"),
     ({"patch_size": 41}, "patch_size"),

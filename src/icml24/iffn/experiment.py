@@ -6,9 +6,13 @@ A small ViT on MNIST-1D (40-sample series cut into 1-D patches, mean pooling) wi
 conv, n fixed shifted GeLUs + conv (no learning), and the serial LocalViT/CMT topology
 (fc1 -> DWConv -> AGeLU -> fc2). The 1-D token sequence is the IFFN's ``(1, L)`` grid with a ``(1, k)`` kernel.
 
-Protocol: per arm the AdamW lr is chosen from ``lr_grid`` on the first seed's validation split; then every seed
-trains at that lr; each run reports the test accuracy at the epoch of best validation accuracy (the test set is
-never used for a choice). Checks are paired over seeds with 95% t intervals.
+Protocol: per arm the AdamW lr is tuned with ``common.tuning.tune_grid`` on the first seed's validation split,
+starting from ``lr_grid`` (log grid; up to ``grid_extra`` points added by the grid's ratio past an edge that keeps
+winning, the same budget for every arm; no natural bound); then every seed trains at that lr; each run reports the
+test accuracy at the epoch of best validation accuracy (the test set is never used for a choice). Checks are paired
+over seeds with 95% t intervals. Sanity checks guard named claims (schema 3): the regime and the lr tuning of FFN r1
+guard the two width claims, the negative control guards the non-inferiority claim, each claim arm's lr tuning guards
+the claims that arm is in.
 
 Part A (optional, off by default): the non-linearity toy (regression with FFN(h), FFN(h/2), IFFN channel part
 at h/2) of the earlier schema.
@@ -39,6 +43,7 @@ from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, compare_arms
 from icml24.common.seeding import seed_everything, torch_generator
 from icml24.common.stats import paired_ci
+from icml24.common.tuning import Tuned, tune_grid, tuning_check
 from icml24.iffn.iffn import IFFN, AGeLU, agelu_shift_spread, count_flops
 
 SLUG = "iffn"
@@ -93,7 +98,11 @@ class Config(ExperimentConfig):
     batch_size: int = field(default=128, metadata=_h("batch size"))
     lr_grid: tuple[float, ...] = field(default=(8e-3, 1.6e-2, 3.2e-2), metadata=_h(
         "AdamW peak lrs tried per arm on the first seed's validation split (issue: ~3 values; a first full run with "
-        "2e-3/4e-3/8e-3 put every arm at 8e-3, the grid's edge, so the grid moved up keeping 8e-3)"))
+        "2e-3/4e-3/8e-3 put every arm at 8e-3, the grid's edge, so the grid moved up keeping 8e-3); >= 2 values, "
+        "extended by tune_grid (grid_extra)"))
+    grid_extra: int = field(default=2, metadata=_h(
+        "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets the same "
+        "budget"))
     weight_decay: float = field(default=0.05, metadata=_h(
         "AdamW weight decay on weights only (not biases, norms, AGeLU a,b,c,d, cls/pos); notes §2.5, §2.6"))
     warmup_epochs: int = field(default=1, metadata=_h("linear warmup epochs, then cosine (DeiT recipe, scaled)"))
@@ -137,8 +146,10 @@ class Config(ExperimentConfig):
         for name in ("toy_lr", "toy_match", "flops_ratio_full", "flops_ratio_matched"):
             val.positive(w, name, getattr(self, name))
         val.each(w, "lr_grid", self.lr_grid, val.positive)
-        if not self.lr_grid or list(self.lr_grid) != sorted(set(self.lr_grid)):
-            raise ValueError(f"{w}: lr_grid must be a non-empty strictly increasing tuple, got {self.lr_grid!r}")
+        if len(self.lr_grid) < 2 or list(self.lr_grid) != sorted(set(self.lr_grid)):
+            raise ValueError(f"{w}: lr_grid must be a strictly increasing tuple of >= 2 values (tune_grid), got "
+                             f"{self.lr_grid!r}")
+        val.integer(w, "grid_extra", self.grid_extra, minimum=0)
         if self.kernel_size % 2 == 0:
             raise ValueError(f"{w}: kernel_size must be odd, got {self.kernel_size}")
         if self.embed_dim % self.num_heads:
@@ -164,8 +175,8 @@ class Config(ExperimentConfig):
     @classmethod
     def quick(cls) -> Config:
         return cls(seeds=(0, 1), vit_arms=("ffn_r4", "ffn_r2", "ffn_r1", "iffn_r1", "iffn_n1_r1", "dwconv_gelu_r1"),
-                   embed_dim=16, depth=1, num_heads=2, patch_size=8, patch_stride=8, epochs=3, lr_grid=(3e-3,),
-                   warmup_epochs=0, toy_targets=("ridge",), toy_hidden=(8,), toy_n_train=4000, toy_n_test=2000,
+                   embed_dim=16, depth=1, num_heads=2, patch_size=8, patch_stride=8, epochs=3,
+                   lr_grid=(1.2e-2, 2.4e-2), grid_extra=1, warmup_epochs=0, toy_targets=("ridge",), toy_hidden=(8,), toy_n_train=4000, toy_n_test=2000,
                    toy_steps=1500)
 
     @property
@@ -400,6 +411,64 @@ def _train_arm(arm: str, split: Split, lr: float, cfg: Config, seed: int) -> tup
     return out, model
 
 
+def tune_lr(arm: str, split: Split, cfg: Config, seed: int,
+            runs: dict[float, tuple[dict[str, Any], nn.Module]] | None = None) -> Tuned:
+    """The arm's AdamW lr, tuned with :func:`tune_grid` on ``split``'s validation accuracy (one seed: today's
+    protocol, so the score has one replicate and the pick is the best value, ties to the grid's centre); starts from
+    ``cfg.lr_grid`` (log) and adds up to ``cfg.grid_extra`` values by the grid's ratio past an edge that keeps
+    winning. No natural bound (no lr reduces the arm to another). ``runs`` collects every run by lr."""
+    runs = {} if runs is None else runs
+
+    def evaluate(lrs: list[float]) -> list[dict[str, list[float]]]:
+        out = []
+        for lr in lrs:
+            runs[lr] = _train_arm(arm, split, lr, cfg, seed)
+            res = runs[lr][0]
+            out.append({"val_acc": [res["val_acc"]], "acc": [res["acc"]]})
+        return out
+
+    return tune_grid(evaluate, cfg.lr_grid, score="val_acc", maximize=True, log=True, max_extra=cfg.grid_extra)
+
+
+def _claim_names(cfg: Config) -> dict[str, str]:
+    """The claims' names (the guards name them exactly)."""
+    m = cfg.claim_method
+    return {"matched": f"acc({m}) > acc({cfg.claim_matched}) (FLOP-matched FFN)",
+            "full": f"acc({m}) >= acc({cfg.claim_full}) - {cfg.acc_margin:g} pt",
+            "agelu": f"AGeLU beats GeLU: acc({cfg.claim_agelu}) > acc({cfg.claim_gelu})"}
+
+
+def _claim_arms(cfg: Config) -> dict[str, tuple[str, str]]:
+    """Each claim's (method, baseline) arms, keyed like :func:`_claim_names`."""
+    return {"matched": (cfg.claim_method, cfg.claim_matched), "full": (cfg.claim_method, cfg.claim_full),
+            "agelu": (cfg.claim_agelu, cfg.claim_gelu)}
+
+
+def tuning_guards(cfg: Config) -> dict[str, list[str]]:
+    """Which claims each arm's lr tuning check guards: the claims the arm is in (either side: a baseline at its
+    grid's edge may be under-tuned, which flatters the method; a method there may be under-tuned, which is no test of
+    it), and for the reduced FFN (no claim of its own) the claims its regime and negative-control checks guard.
+    Arms in no claim and no sanity check (the other ablations) get no tuning check; their picks are in ``extra``."""
+    names, arms = _claim_names(cfg), _claim_arms(cfg)
+    out: dict[str, list[str]] = {}
+    for key, pair in arms.items():
+        for a in pair:
+            out.setdefault(a, []).append(names[key])
+    out.setdefault(cfg.claim_reduced, [])
+    for key in ("matched", "full"):  # the regime and the negative control guard the width claims
+        if names[key] not in out[cfg.claim_reduced]:
+            out[cfg.claim_reduced].append(names[key])
+    return out
+
+
+def _tuning_checks(cfg: Config, lr_tuned: dict[str, Tuned]) -> list[ClaimCheck]:
+    return [tuning_check(name=f"tuning: lr of {arm} inside its grid", tuned=lr_tuned[arm], threshold=1.0, arm=arm,
+                         guards=guards,
+                         detail=f"tuning: {arm}'s lr picked on seed {cfg.seeds[0]}'s validation accuracy is inside its "
+                                f"(extended) grid, so the comparison is against a tuned arm")
+            for arm, guards in tuning_guards(cfg).items()]
+
+
 def run(cfg: Config, out_dir: Path) -> RunResult:
     rec = RunRecorder(SLUG, cfg, out_dir)
     out_dir = Path(out_dir)
@@ -407,16 +476,16 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     splits = {s: load_mnist1d(seed=s, val_fraction=cfg.val_fraction).to(cfg.device) for s in cfg.seeds}
     costs = {a: ffn_costs(build_vit(a, cfg, cfg.device)) for a in arms}
 
-    # 1) lr per arm on the first seed's validation split; the winning run is that seed's final run.
+    # 1) lr per arm on the first seed's validation split (tune_grid; the same extension budget for every arm); the
+    #    run at the picked lr is that seed's final run.
     tune_seed = cfg.seeds[0]
-    sweep: dict[str, dict[float, dict[str, Any]]] = {a: {} for a in arms}
+    sweep: dict[str, dict[float, tuple[dict[str, Any], nn.Module]]] = {a: {} for a in arms}
     kept: dict[tuple[str, int], tuple[dict[str, Any], nn.Module]] = {}
-    for arm, lr in progress([(a, lr) for a in arms for lr in cfg.lr_grid], desc=f"{SLUG} lr"):
-        res = _train_arm(arm, splits[tune_seed], lr, cfg, tune_seed)
-        sweep[arm][lr] = res[0]
-        if lr == max(sweep[arm], key=lambda k: sweep[arm][k]["val_acc"]):
-            kept[arm, tune_seed] = res
-    tuned = {a: max(cfg.lr_grid, key=lambda lr, a=a: sweep[a][lr]["val_acc"]) for a in arms}
+    lr_tuned: dict[str, Tuned] = {}
+    for arm in progress(arms, desc=f"{SLUG} lr"):
+        lr_tuned[arm] = tune_lr(arm, splits[tune_seed], cfg, tune_seed, sweep[arm])
+        kept[arm, tune_seed] = sweep[arm][lr_tuned[arm].value]
+    tuned = {a: lr_tuned[a].value for a in arms}
 
     # 2) every other seed at the tuned lr.
     for seed, arm in progress([(s, a) for s in cfg.seeds[1:] for a in arms], desc=f"{SLUG} seeds"):
@@ -450,17 +519,20 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                     metrics[f"toy_{target}_h{h}_{arm}"] = {"mse": train_toy(model, data, cfg, seed)}
         rec.add_seed(seed, metrics)
 
-    checks = _claim_checks(rec, cfg)
+    checks = _claim_checks(rec, cfg) + _tuning_checks(cfg, lr_tuned)
     s = rec.summary()
     artifacts = [_plot_pareto(s, cfg, out_dir), _plot_curves(curves, cfg, out_dir)]
     if cfg.toy_targets:
         artifacts.append(_plot_toy(rec, cfg, out_dir))
     ablations = {f"{m} - {b}": paired_ci(rec.values(m, "acc"), rec.values(b, "acc"))
                  for m, b in _ablation_pairs(cfg) if len(cfg.seeds) > 1}
-    edge = [a for a in arms if len(cfg.lr_grid) > 1 and tuned[a] in (cfg.lr_grid[0], cfg.lr_grid[-1])]
+    edge = [a for a in arms if not lr_tuned[a].ok]
     return rec.finish(checks, artifacts=artifacts, extra={
         "tuned_lr": tuned, "tune_seed": tune_seed, "lr_at_grid_edge": edge,
-        "lr_sweep_val_acc": {a: {str(lr): sweep[a][lr]["val_acc"] for lr in cfg.lr_grid} for a in arms},
+        "tuning": {a: {"knob": "lr", "picked": t.value, "grid": t.grid, "declared": t.declared,
+                       "extensions": t.extensions, "ok": t.ok, "max_extra": t.max_extra}
+                   for a, t in lr_tuned.items()},
+        "lr_sweep_val_acc": {a: {str(lr): t.mean(lr) for lr in t.grid} for a, t in lr_tuned.items()},
         "ffn_costs_per_series": costs, "num_tokens": cfg.num_patches + (cfg.pool == "cls"),
         "paired_acc_differences": ablations, "agelu_shift_spread": shift_spread,
         "agelu_params_last_seed": agelu_stats,
@@ -477,30 +549,37 @@ def _ablation_pairs(cfg: Config) -> list[tuple[str, str]]:
     return [(m, b) for m, b in pairs if m in cfg.vit_arms and b in cfg.vit_arms]
 
 
+def _lead(check: ClaimCheck, sentence: str) -> ClaimCheck:
+    """Put ``sentence`` (what the sanity check guards against) before the automatic detail."""
+    check.detail = f"{sentence} {check.detail}"
+    return check
+
+
 def _claim_checks(rec: RunRecorder, cfg: Config) -> list[ClaimCheck]:
     """Claims (paired over seeds): IFFN r1 > FLOP-matched FFN r2; IFFN r1 >= FFN r4 - margin; AGeLU > GeLU with
     everything else equal. Sanity: the regime (FFN r4 beats r1 by >= regime_gap) and the negative control (the
     non-inferiority test rejects FFN r1). Mechanisms: the FLOP ratios (hold by construction)."""
     s = rec.summary()
     m, full, matched, red = cfg.claim_method, cfg.claim_full, cfg.claim_matched, cfg.claim_reduced
+    names = _claim_names(cfg)
     checks = [
-        rec.paired(name=f"acc({m}) > acc({matched}) (FLOP-matched FFN)", metric="acc", method_arm=m,
+        rec.paired(name=names["matched"], metric="acc", method_arm=m,
                    baseline_arm=matched, direction=">=", threshold=0.0, kind="claim",
                    paper_value="IFFN beats a plain FFN of the same cost (abstract)"),
-        rec.paired(name=f"acc({m}) >= acc({full}) - {cfg.acc_margin:g} pt", metric="acc", method_arm=m,
+        rec.paired(name=names["full"], metric="acc", method_arm=m,
                    baseline_arm=full, direction=">=", threshold=-cfg.acc_margin, kind="claim",
                    paper_value="no accuracy loss at fewer FLOPs (abstract)"),
-        rec.paired(name=f"AGeLU beats GeLU: acc({cfg.claim_agelu}) > acc({cfg.claim_gelu})", metric="acc",
+        rec.paired(name=names["agelu"], metric="acc",
                    method_arm=cfg.claim_agelu, baseline_arm=cfg.claim_gelu, direction=">=", threshold=0.0,
                    kind="claim", paper_value="AGeLU adds non-linearity (abstract)",
                    detail="same architecture (one activation + conv branch); only a, b, c, d learnable or not"),
         rec.paired(name=f"regime: acc({full}) >= acc({red}) + {cfg.regime_gap:g} pt", metric="acc",
                    method_arm=full, baseline_arm=red, direction=">=", threshold=cfg.regime_gap, kind="sanity",
-                   detail="FFN width must matter on the task, else width reduction cannot be judged"),
+                   guards=[names["matched"], names["full"]]),
         rec.paired(name=f"negative control: the non-inferiority test rejects {red} "
                         f"(acc({red}) - acc({full}) < -{cfg.acc_margin:g} pt)", metric="acc", method_arm=red,
                    baseline_arm=full, direction="<=", threshold=-cfg.acc_margin, kind="sanity",
-                   detail="passes when the whole interval lies below -margin, i.e. FFN r1 is rejected"),
+                   guards=[names["full"]]),
         compare_arms(s, name=f"FFN FLOPs({m}) <= {cfg.flops_ratio_full:g} x FFN FLOPs({full})", metric="ffn_kflops",
                      baseline_arm=full, method_arm=m, direction="<=", margin=cfg.flops_ratio_full, kind="ratio",
                      check_kind="mechanism", paper_value="fewer FLOPs (abstract)"),
@@ -509,6 +588,12 @@ def _claim_checks(rec: RunRecorder, cfg: Config) -> list[ClaimCheck]:
                      margin=cfg.flops_ratio_matched, kind="ratio", check_kind="mechanism",
                      paper_value="FLOP-matched baseline"),
     ]
+    # each sanity check's detail opens with what it guards against (issue 26)
+    _lead(checks[3], "the regime: FFN width must matter on the task, else width reduction (the two width claims) "
+                     "cannot be judged.")
+    _lead(checks[4], f"negative control: a variant the paper's argument says must fail, here {red} (the FFN at the "
+                     f"IFFN's reduced width) in the non-inferiority claim's test; it passes when the whole interval "
+                     f"lies below -margin, i.e. {red} is rejected.")
     for t in cfg.toy_targets:
         iffn, half, full_t = ([s[f"toy_{t}_h{h}_{a}"]["mse"]["mean"] for h in cfg.toy_hidden]
                               for a in ("iffn_half", "ffn_half", "ffn_full"))
