@@ -10,8 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from icml24.alh import (ALHAgent, MultiNormEnv, ReplayBuffer, SetMemory, TD3Agent, evaluate, subset_indices,
-                        td3_target, train)
+from icml24.alh import (
+    ALHAgent,
+    MultiNormEnv,
+    ReplayBuffer,
+    SetMemory,
+    TD3Agent,
+    evaluate,
+    subset_indices,
+    td3_target,
+    train,
+)
 from icml24.alh.experiment import Config
 
 KW = dict(state_dim=1, action_dim=1, max_action=6.0, hidden=16, seed=0)

@@ -35,7 +35,28 @@ def test_quick_run_writes_a_complete_result(quick):
         np.testing.assert_allclose(finals, r[:, -2:].mean(1))
     for arm, iqm in res.extra["iqm_final_return"].items():
         assert iqm["ci_low"] <= iqm["iqm"] <= iqm["ci_high"], arm
-    assert set(res.extra["tuned_lr"].values()) == {cfg.lr_grid[0]}
+    # tuned with tune_grid on the validation seed: ALH-a takes ALH-g's lr, extensions within the quick budget
+    tr = res.extra["tuning"]
+    assert set(tr) == {"td3", "alh_g"} and res.extra["tuned_lr"]["alh_a"] == res.extra["tuned_lr"]["alh_g"]
+    for arm, t in tr.items():
+        assert t["declared"] == list(cfg.lr_grid) and len(t["extensions"]) <= cfg.grid_extra
+        assert t["picked"] == res.extra["tuned_lr"][arm] and t["picked"] in t["grid"]
+        assert sorted(t["grid"]) == sorted([*cfg.lr_grid, *t["extensions"]])
+
+
+def test_quick_run_writes_schema_3_that_the_shared_checker_accepts(quick):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, out = quick
+    d = json.loads((out / "results.json").read_text())
+    assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
+    checker = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
+    if not checker.exists():
+        pytest.skip(f"no shared checker at {checker}")
+    r = subprocess.run([sys.executable, str(checker), str(out / "results.json")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_checks_are_labelled_and_paired(quick):
@@ -44,13 +65,22 @@ def test_checks_are_labelled_and_paired(quick):
     assert [c.method_arm for c in claims] == ["alh_g", "alh_a"]
     for c in claims:  # paired per seed, with an interval, against TD3, threshold 0 fixed by the issue
         assert c.baseline_arm == "td3" and c.threshold == 0.0 and c.n == 2 and c.ci_low <= c.measured <= c.ci_high
-    names = [c.name for c in res.checks("sanity")]
+    sanity = res.checks("sanity")
+    names = [c.name for c in sanity]
     assert any(n.startswith("regime") for n in names) and any("finite" in n for n in names)
-    assert res.verdict["claims_total"] == 2
+    claim_names = [c.name for c in claims]
+    regime = next(c for c in sanity if c.name.startswith("regime"))
+    finite = next(c for c in sanity if "finite" in c.name)
+    assert regime.guards == claim_names and finite.guards == []  # MultiNormEnv's regime; a global precondition
+    assert regime.detail.startswith("the regime: ") and finite.detail.startswith("convergence: ")
+    assert sum(c.name.endswith("inside its grid") for c in sanity) == 2
+    held, void = res.verdict["claims_held"], res.verdict["claims_void"]
+    assert res.verdict["claims_total"] + void == 2 and held <= res.verdict["claims_total"]
 
 
 def test_tuning_uses_validation_seeds_only(tmp_path, monkeypatch):
-    """Each tuned arm tries every lr on the validation seeds, the winner is used on the test seeds."""
+    """Each tuned arm tries every lr on the validation seeds (plus the extensions tune_grid makes past an edge that
+    wins), and the winner is used on the test seeds."""
     import icml24.alh.experiment as ex
 
     calls = []
@@ -63,64 +93,109 @@ def test_tuning_uses_validation_seeds_only(tmp_path, monkeypatch):
                 "final": float(np.mean(r[-2:])), "lr": lr}
 
     monkeypatch.setattr(ex, "run_one", fake)
-    cfg = Config.quick().replace(lr_grid=(3e-4, 1e-3), seeds=(0, 1, 2), val_seeds=(50, 51))
+    cfg = Config.quick().replace(lr_grid=(3e-4, 1e-3), seeds=(0, 1, 2), val_seeds=(50, 51), grid_extra=2)
     res = ex.run(cfg, tmp_path)
     assert res.extra["tuned_lr"] == {"td3": 1e-3, "alh_g": 3e-4, "alh_a": 3e-4}
     tune = [c for c in calls if c[1] in (50, 51)]
-    assert sorted({(a, lr) for a, _, lr, _ in tune}) == sorted((a, lr) for a in ("td3", "alh_g") for lr in cfg.lr_grid)
-    assert len(tune) == 2 * 2 * 2  # same budget: 2 lrs x 2 validation seeds for each tuned arm
+    # both picks sat at an edge that beat its neighbour: one extension each by the grid's ratio, which lost
+    tr = res.extra["tuning"]
+    assert tr["td3"]["extensions"] == pytest.approx([1e-3 * 1e-3 / 3e-4]) and tr["td3"]["inside"]
+    assert tr["alh_g"]["extensions"] == pytest.approx([3e-4 * 3e-4 / 1e-3]) and tr["alh_g"]["inside"]
+    assert tr["td3"]["declared"] == list(cfg.lr_grid) and len(tr["td3"]["grid"]) == 3
+    want = {(a, lr) for a in ("td3", "alh_g") for lr in cfg.lr_grid} | {
+        ("td3", tr["td3"]["extensions"][0]), ("alh_g", tr["alh_g"]["extensions"][0])}
+    assert {(a, lr) for a, _, lr, _ in tune} == want
+    assert len(tune) == 2 * 3 * 2  # same budget: 3 evaluated lrs x 2 validation seeds for each tuned arm
     test = [c for c in calls if c[1] in (0, 1, 2)]
     assert all(lr == res.extra["tuned_lr"][a] for a, _, lr, b in test if b is None)
     assert {(s, b) for a, s, _, b in test if b is False} == {(0, False), (1, False)}  # regime control seeds
 
 
-def _fake_run_one(best):
-    """A stand-in for ``run_one``: ``best[arm]`` is the lr that scores highest on validation."""
+def _fake_run_one(opt, *, gain=1.0):
+    """A stand-in for ``run_one``: an arm's final return peaks at the lr ``opt[arm]`` (falling by 1 per decade,
+    the same on every seed); on the test seeds the ALH arms sit ``gain`` above TD3 and the unbiased TD3 above
+    both (the regime holds); MuJoCo runs return 300 (TD3 does not learn the task)."""
     def fake(cfg, *, arm, seed, lr, biased=None, mujoco=False, checkpoint=None):
-        good = best.get(arm, best.get("alh_g")) == lr
-        r = [0.0, 1.0, 2.0 if good else -2.0, 2.0 if good else -2.0]
-        if biased is False:
-            r = [0.0, 1.0, 5.0 + seed, 5.0 + seed]
+        if mujoco:
+            f = 300.0 + seed
+        else:
+            f = -abs(np.log10(lr / opt.get(arm, opt.get("alh_g")))) + 0.1 * (seed % 3)
+            f += gain * arm.startswith("alh") + 5.0 * (biased is False)
+        r = [0.0, 1.0, f, f]
         return {"steps": [0, 1, 2, 3], "returns": r, "critic_loss": [0.0] * 4, "finite": True, "episodes": 1,
-                "final": float(np.mean(r[-2:])), "lr": lr}
+                "final": f, "lr": lr}
     return fake
 
 
-@pytest.mark.parametrize(("best", "inside"), [({"td3": 1e-3, "alh_g": 1e-3}, True),
-                                              ({"td3": 3e-3, "alh_g": 1e-3}, False),
-                                              ({"td3": 1e-3, "alh_g": 3e-4}, False)])
-def test_interior_check_fails_on_an_edge_pick(tmp_path, monkeypatch, best, inside):
+@pytest.mark.parametrize(("opt_td3", "extensions", "inside"), [(1e-3, [], True),     # interior optimum
+                                                               (9e-3, [9e-3, 2.7e-2], True),  # found past the top
+                                                               (1.0, [9e-3, 2.7e-2], False)])  # beyond the budget
+def test_an_edge_that_keeps_winning_extends_and_the_tuning_check_guards_the_claims(tmp_path, monkeypatch, opt_td3,
+                                                                                  extensions, inside):
     import icml24.alh.experiment as ex
 
-    monkeypatch.setattr(ex, "run_one", _fake_run_one(best))
+    monkeypatch.setattr(ex, "run_one", _fake_run_one({"td3": opt_td3, "alh_g": 1e-3}))
     cfg = Config.quick().replace(lr_grid=(3e-4, 1e-3, 3e-3), seeds=(0, 1, 2), val_seeds=(50, 51),
-                                 regime_seeds=(0, 1, 2))
+                                 regime_seeds=(0, 1, 2), grid_extra=2)
     res = ex.run(cfg, tmp_path)
-    assert res.extra["tuned_lr"]["td3"] == best["td3"] and res.extra["tuned_lr"]["alh_g"] == best["alh_g"]
-    interior = [c for c in res.checks("sanity") if "inside its grid" in c.name]
-    assert [c.method_arm for c in interior] == ["td3", "alh_g"]
-    for c in interior:
-        assert c.passed == (1e-3 == best[c.method_arm])
-    assert all(c.passed for c in res.checks("sanity") if c not in interior)  # regime + finite hold here
-    assert res.verdict["label"].startswith("inconclusive") == (not inside)
+    tr = res.extra["tuning"]
+    assert tr["td3"]["extensions"] == pytest.approx(extensions) and tr["alh_g"]["extensions"] == []
+    assert res.extra["tuned_lr"]["td3"] == pytest.approx(min(opt_td3, 2.7e-2)) and tr["alh_g"]["picked"] == 1e-3
+    tuning = [c for c in res.checks("sanity") if "inside its grid" in c.name]
+    assert [c.method_arm for c in tuning] == ["td3", "alh_g"]
+    assert [c.passed for c in tuning] == [inside, True]
+    claims = [c.name for c in res.checks("claim")]
+    assert all(c.guards == claims for c in tuning)  # TD3 is every claim's baseline; ALH-a uses ALH-g's lr
+    assert all(c.detail.startswith("tuning: ") for c in tuning)
+    assert all(c.passed for c in res.checks("claim"))
+    assert res.verdict["label"] == ("holds" if inside else "inconclusive (0/2 testable)")
 
 
-def test_pick_lr_and_interior_check():
-    from icml24.alh.experiment import interior_check
-    from icml24.common.tuning import pick_best as pick_lr  # alh's lr pick (the shared rule)
+def test_a_guard_voids_exactly_the_claims_it_names(tmp_path, monkeypatch):
+    """ALH-a tuned on its own: its lr stuck at the edge voids ALH-a's claim only; ALH-g's still votes."""
+    import icml24.alh.experiment as ex
 
-    g = (3e-4, 1e-3, 3e-3)
-    assert pick_lr(g, [-5.0, -3.0, -4.0]) == 1e-3
-    assert pick_lr(g, [-1.0, -3.0, -4.0]) == 3e-4
-    assert pick_lr(g, [-5.0, -3.0, -3.0]) == 1e-3  # exact tie: nearest the grid's middle (log scale)
-    assert pick_lr(g, [-3.0, -4.0, -3.0]) == 3e-4  # tie at both edges, equally far: the smaller
-    assert pick_lr((1e-4, 1e-3, 1e-2, 1e-1), [0.0, 0.0, 0.0, -1.0]) == 1e-3
-    with pytest.raises(ValueError, match="pick_best"):
-        pick_lr(g, [0.0, 1.0])
-    ok = interior_check(arm="td3", lr=1e-3, grid=g, val_means=[-5.0, -3.0, -4.0], n_val=2)
-    edge = interior_check(arm="alh_g", lr=3e-3, grid=g, val_means=[-5.0, -4.0, -3.0], n_val=2)
-    assert ok.kind == edge.kind == "sanity" and ok.passed and not edge.passed
-    assert not interior_check(arm="td3", lr=3e-4, grid=(3e-4, 1e-3), val_means=[0.0, -1.0], n_val=1).passed
+    monkeypatch.setattr(ex, "run_one", _fake_run_one({"td3": 1e-3, "alh_g": 1e-3, "alh_a": 1.0}))
+    cfg = Config.quick().replace(lr_grid=(3e-4, 1e-3, 3e-3), seeds=(0, 1, 2), val_seeds=(50, 51),
+                                 regime_seeds=(0, 1, 2), grid_extra=1, tune_arms=("td3", "alh_g", "alh_a"))
+    res = ex.run(cfg, tmp_path)
+    g, a = res.checks("claim")
+    by_arm = {c.method_arm: c for c in res.checks("sanity") if "inside its grid" in c.name}
+    assert by_arm["alh_a"].guards == [a.name] and not by_arm["alh_a"].passed
+    assert by_arm["alh_g"].guards == [g.name] and by_arm["td3"].guards == [g.name, a.name]
+    assert a.void_by == [by_arm["alh_a"].name] and g.void_by == []
+    assert res.verdict["label"] == "holds 1/1, 1 void" and res.verdict["claims_void"] == 1
+
+
+def test_lr_source_and_tuning_guards():
+    from icml24.alh.experiment import lr_source, tuning_guards
+
+    cfg = Config()
+    assert [lr_source(cfg, a) for a in ARMS] == ["td3", "alh_g", "alh_g"]
+    both = ["ALH-g beats TD3 on biased early data (mean of last 2 evals)",
+            "ALH-a beats TD3 on biased early data (mean of last 2 evals)"]
+    assert tuning_guards(cfg, "td3") == both and tuning_guards(cfg, "alh_g") == both
+    own = cfg.replace(tune_arms=("td3", "alh_g", "alh_a"))
+    assert tuning_guards(own, "alh_g") == both[:1] and tuning_guards(own, "alh_a") == both[1:]
+    assert Config().grid_extra == 2
+    with pytest.raises(ValueError, match="grid_extra"):
+        Config(grid_extra=-1)
+
+
+def test_the_full_run_shows_the_mujoco_checks_beside_the_verdict(tmp_path, monkeypatch):
+    """Per environment: with a MuJoCo task in the full run, its checks are mechanisms (MuJoCo has no claim), so
+    TD3 failing to learn it voids none of MultiNormEnv's claims."""
+    import icml24.alh.experiment as ex
+
+    monkeypatch.setattr(ex, "run_one", _fake_run_one({"td3": 1e-3, "alh_g": 1e-3}))
+    monkeypatch.setattr(ex, "make_env", lambda *a, **k: type("E", (), {"close": lambda self: None})())
+    cfg = Config.quick().replace(lr_grid=(3e-4, 1e-3, 3e-3), seeds=(0, 1, 2), val_seeds=(50, 51),
+                                 regime_seeds=(0, 1, 2), mujoco_env="Hopper-v5", mujoco_seeds=(0, 1))
+    res = ex.run(cfg, tmp_path)
+    mj = [c for c in res.claim_checks if "Hopper-v5" in c.name]
+    assert len(mj) == 2 and all(c.kind == "mechanism" for c in mj)
+    assert not mj[1].passed and mj[1].detail.startswith("the regime: TD3 must learn Hopper-v5")
+    assert res.verdict["label"] == "holds" and res.verdict["mechanisms_total"] == 2
 
 
 def test_mujoco_only_job_is_separate_and_keeps_its_checkpoints(tmp_path, monkeypatch):

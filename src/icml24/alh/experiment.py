@@ -5,6 +5,10 @@ training resets in [200, 260], warm-up actions 0, no exploration noise; evaluati
 ALH-g (and ALH-a) reach a higher evaluation return than TD3, paired per seed on the mean of the last two
 evaluations, 10 seeds. Every arm's learning rate is chosen from the same grid on separate validation seeds.
 The regime (the biased data hurts TD3) is checked by TD3 trained without the bias on the same seeds.
+Tuning (issue 26): each tuned arm's lr goes through :func:`icml24.common.tuning.tune_grid` (log grid, extended
+past an edge that keeps winning by at most ``grid_extra`` points, the same budget for every arm; no natural
+bound: an lr grid has none), and :func:`~icml24.common.tuning.tuning_check` guards the claims that use or compare
+against that arm.
 MuJoCo tasks run as separate resumable jobs (``mujoco_only``): ``InvertedPendulum-v5`` (issue: ALH no worse than TD3
 by 5% of the return range, 50k steps) and, in the slow variant, ``InvertedDoublePendulum-v5`` and ``Hopper-v5``.
 """
@@ -32,10 +36,9 @@ from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig, help_text
 from icml24.common.parallel import run_jobs
 from icml24.common.plotting import new_figure, save_figure
-from icml24.common.results import ClaimCheck, RunRecorder, RunResult, paired_check
+from icml24.common.results import ClaimCheck, Kind, RunRecorder, RunResult, paired_check
 from icml24.common.seeding import seed_everything
-from icml24.common.tuning import interior_check as shared_interior_check
-from icml24.common.tuning import pick_best
+from icml24.common.tuning import Tuned, tune_grid, tuning_check
 
 SLUG = "alh"
 ARMS = ("td3", "alh_g", "alh_a")
@@ -55,7 +58,11 @@ class Config(ExperimentConfig):
     lr_grid: tuple[float, ...] = field(default=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3), metadata=help_text(
         "Adam lr grid shared by all networks of an arm, same budget for every tuned arm (official: 3e-4; runs "
         "with {3e-4, 1e-3, 3e-3} and {1e-4, ..., 1e-2} put picks on the lower edge, so the grid moved down); "
-        "with >= 2 points a sanity check requires every tuned lr strictly inside the grid"))
+        "with >= 2 points it is tuned with tune_grid (log scale, no natural bound) and a sanity check requires "
+        "every tuned lr strictly inside the evaluated grid"))
+    grid_extra: int = field(default=2, metadata=help_text(
+        "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets the same "
+        "budget"))
     tune_arms: tuple[str, ...] = field(default=("td3", "alh_g"), metadata=help_text(
         "arms tuned on the grid; ALH-a takes ALH-g's lr (ours: the same ALH networks)"))
     total_steps: int = field(default=45_000, metadata=help_text(
@@ -110,6 +117,7 @@ class Config(ExperimentConfig):
         if set(self.val_seeds) & set(self.seeds):
             raise ValueError(f"{w}: val_seeds {self.val_seeds} must be disjoint from seeds {self.seeds}")
         val.each(w, "lr_grid", self.lr_grid, val.positive)
+        val.integer(w, "grid_extra", self.grid_extra, minimum=0)
         if not set(self.regime_seeds) <= set(self.seeds):
             raise ValueError(f"{w}: regime_seeds {self.regime_seeds} must be a subset of seeds {self.seeds}")
         val.each(w, "tune_arms", self.tune_arms, val.one_of, ARMS)
@@ -140,9 +148,9 @@ class Config(ExperimentConfig):
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(seeds=(0, 1), val_seeds=(100,), lr_grid=(3e-4,), total_steps=1_500, start_steps=1_000,
-                   eval_every=250, eval_episodes=2, batch_size=32, subset_size=8, hidden=32, mem_hidden=32,
-                   hypo_dim=16, regime_seeds=(0, 1))
+        return cls(seeds=(0, 1), val_seeds=(100,), lr_grid=(3e-4, 1e-3), grid_extra=1, total_steps=1_500,
+                   start_steps=1_000, eval_every=250, eval_episodes=2, batch_size=32, subset_size=8, hidden=32,
+                   mem_hidden=32, hypo_dim=16, regime_seeds=(0, 1))
 
     @classmethod
     def slow(cls) -> Config:
@@ -234,15 +242,42 @@ def _curve_plot(ax: Any, curves: dict[str, list[dict[str, Any]]], title: str) ->
     ax.legend(fontsize=8)
 
 
-def interior_check(*, arm: str, lr: float, grid: tuple[float, ...], val_means: list[float], n_val: int
-                   ) -> ClaimCheck:
-    """``sanity``: the validation-tuned lr of ``arm`` lies strictly inside its grid (an edge pick means the best
-    value may lie outside the grid, so the arm may be under-tuned and the comparison unfair); one pick per arm,
-    so the shared :func:`icml24.common.tuning.interior_check` runs with threshold 1."""
-    vals = ", ".join(f"{g:g}: {m:.3f}" for g, m in zip(grid, val_means, strict=True))
-    return shared_interior_check(name=f"{_LABELS[arm]}'s tuned lr lies strictly inside its grid", picked=[lr],
-                                 grid=grid, threshold=1.0, arm=arm,
-                                 detail=f"mean validation final return over {n_val} seeds per lr: {vals}")
+def _lead(check: ClaimCheck, sentence: str) -> ClaimCheck:
+    """``check`` with its detail opened by ``sentence``: what the sanity check guards against (issue 26)."""
+    check.detail = f"{sentence} {check.detail}" if check.detail else sentence
+    return check
+
+
+def _claim_names() -> dict[str, str]:
+    """The claims' names by method arm (sanity checks guard them by name)."""
+    return {"alh_g": "ALH-g beats TD3 on biased early data (mean of last 2 evals)",
+            "alh_a": "ALH-a beats TD3 on biased early data (mean of last 2 evals)"}
+
+
+def lr_source(cfg: Config, arm: str) -> str:
+    """The arm whose tuned lr ``arm`` uses: itself when tuned; ALH-a takes ALH-g's when only ALH-g is tuned."""
+    if arm in cfg.tune_arms:
+        return arm
+    return "alh_g" if arm.startswith("alh") and "alh_g" in cfg.tune_arms else arm
+
+
+def tuning_guards(cfg: Config, arm: str) -> list[str]:
+    """The claims a tuning check of ``arm`` conditions: every claim compares against TD3, so TD3's guards all of
+    them; an ALH arm's guards the claims of the arms that use its lr."""
+    names = _claim_names()
+    return [n for m, n in names.items() if arm == "td3" or lr_source(cfg, m) == arm]
+
+
+def lr_tuning_check(*, arm: str, tuned: Tuned, guards: list[str], n_val: int) -> ClaimCheck:
+    """``sanity``: the validation-tuned lr of ``arm`` lies strictly inside its evaluated grid (after at most
+    ``grid_extra`` extensions past an edge that keeps winning); an lr grid has no natural bound, so an edge pick
+    means the arm may be under-tuned and the comparison unfair. One pick per arm: threshold 1."""
+    return tuning_check(
+        name=f"{_LABELS[arm]}'s tuned lr lies strictly inside its grid", tuned=tuned, threshold=1.0, arm=arm,
+        guards=guards,
+        detail=f"tuning: an lr at the edge of its grid may leave {_LABELS[arm]} under-tuned, which would make the "
+               f"claims that use or compare against it unfair; score = mean validation final return over {n_val} "
+               "seeds per lr")
 
 
 def _mujoco_runs(cfg: Config, out_dir: Path) -> dict[str, dict[int, dict[str, Any]]]:
@@ -263,26 +298,38 @@ def _mujoco_runs(cfg: Config, out_dir: Path) -> dict[str, dict[int, dict[str, An
     return mj
 
 
-def _mujoco_checks(cfg: Config, mj: dict[str, dict[int, dict[str, Any]]]) -> list[ClaimCheck]:
-    """``sanity``: ALH-g no worse than TD3 by the issue's margin (paired), and TD3 learns the task within the
-    budget (mean final return >= half the return range), without which "no worse" would say nothing."""
+def _mujoco_checks(cfg: Config, mj: dict[str, dict[int, dict[str, Any]]], *, kind: Kind = "sanity"
+                   ) -> list[ClaimCheck]:
+    """ALH-g no worse than TD3 by the issue's margin (paired), and TD3 learns the task within the budget (mean
+    final return >= half the return range), without which "no worse" would say nothing.
+
+    ``kind="sanity"`` in the MuJoCo job (``mujoco_only``: it has no claim). In the full run with a MuJoCo task
+    they are ``mechanism`` checks, shown beside the verdict: a per-environment sanity check guards only its
+    environment's claims, MuJoCo has none here, and a schema-3 sanity check that names no claim guards them all.
+    """
     span = cfg.mujoco_return_range or RETURN_RANGE[cfg.mujoco_env]
     margin = cfg.margin_fraction * span
     td3 = [mj["td3"][s]["final"] for s in cfg.mujoco_seeds]
     budget = f"{cfg.mujoco_steps} steps ({cfg.mujoco_start} warm-up), {len(cfg.mujoco_seeds)} seeds"
-    return [
+    where = ("" if kind == "sanity" else
+             " Reported beside the verdict: the MuJoCo task has no claim of its own in this run.")
+    checks = [
         paired_check(name=f"{cfg.mujoco_env}: ALH-g no worse than TD3 by {cfg.margin_fraction:.0%} of the "
                           "return range", metric="mujoco_final_return",
                      method=[mj["alh_g"][s]["final"] for s in cfg.mujoco_seeds], baseline=td3, direction=">=",
-                     threshold=-margin, kind="sanity", method_arm="alh_g", baseline_arm="td3",
+                     threshold=-margin, kind=kind, method_arm="alh_g", baseline_arm="td3",
                      paper_value=("official curves: both reach 1000 (no early-speed gain)"
                                   if cfg.mujoco_env.startswith("InvertedPendulum") else ""),
                      detail=f"{budget}, final = mean of the last 2 evaluations, margin {margin:g} of {span:g}"),
         ClaimCheck(name=f"regime: TD3 learns {cfg.mujoco_env} within the budget (mean final return >= half the "
                         "return range)", metric="td3_mujoco_final_return", measured=float(np.mean(td3)),
-                   threshold=0.5 * span, direction=">=", kind="sanity",
+                   threshold=0.5 * span, direction=">=", kind=kind,
                    detail=f"{budget}; per seed: " + ", ".join(f"{v:.0f}" for v in td3)),
     ]
+    _lead(checks[0], f"the issue's MuJoCo task: ALH must not break a standard task ({cfg.mujoco_env}).{where}")
+    _lead(checks[1], f"the regime: TD3 must learn {cfg.mujoco_env} within the budget, or 'no worse' says "
+                     f"nothing.{where}")
+    return checks
 
 
 def _mujoco_summary(cfg: Config, mj: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
@@ -303,7 +350,9 @@ def _run_mujoco_only(cfg: Config, out_dir: Path) -> RunResult:
     checks = [*_mujoco_checks(cfg, mj),
               ClaimCheck(name="every run's critic loss stays finite", metric="nonfinite_runs", measured=float(n_bad),
                          threshold=0.0, direction="<=", kind="sanity",
-                         detail=f"{n_bad} of {2 * len(cfg.mujoco_seeds)} runs had a non-finite critic loss")]
+                         detail=f"convergence: a run whose critic loss is not finite diverged and its return means "
+                                f"nothing. {n_bad} of {2 * len(cfg.mujoco_seeds)} runs had a non-finite critic "
+                                "loss")]
     finals = {a: [mj[a][s]["final"] for s in cfg.mujoco_seeds] for a in mj}
     iqm = _iqm(finals, reps=2000 if len(cfg.mujoco_seeds) >= 5 else 200)
     fig, axes = new_figure(1, width=6.0)
@@ -325,21 +374,25 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     if cfg.mujoco_env:  # fail early, before any compute, when the extra is missing
         make_env(cfg.mujoco_env, seed=0).close()
 
-    # 1) tuning: each tuned arm tries every lr on the validation seeds (same budget for every arm)
-    tune_jobs = [(arm, lr, s) for arm in cfg.tune_arms for lr in cfg.lr_grid for s in cfg.val_seeds]
-    tune: dict[tuple[str, float], list[float]] = {}
+    # 1) tuning: each tuned arm's lr by tune_grid on the validation seeds (same grid and extension budget for
+    # every arm); the declared grid of every tuned arm runs first in one batch, the extensions per arm after it
+    tunings: dict[str, Tuned] = {}
     if len(cfg.lr_grid) > 1:
-        tuned = _run_all(cfg, cache, [(f"tune_{arm}_{lr:g}_{s}", dict(arm=arm, seed=s, lr=lr))
-                                      for arm, lr, s in tune_jobs], desc=f"{SLUG} tune")
-        for (arm, lr, _), r in zip(tune_jobs, tuned, strict=True):
-            tune.setdefault((arm, lr), []).append(r["final"])
+        _run_all(cfg, cache, [(f"tune_{arm}_{lr:g}_{s}", dict(arm=arm, seed=s, lr=lr))
+                              for arm in cfg.tune_arms for lr in cfg.lr_grid for s in cfg.val_seeds],
+                 desc=f"{SLUG} tune")
+        for arm in cfg.tune_arms:
+            def evaluate(lrs: list[float], arm: str = arm) -> list[dict[str, list[float]]]:
+                jobs = [(f"tune_{arm}_{lr:g}_{s}", dict(arm=arm, seed=s, lr=lr)) for lr in lrs for s in cfg.val_seeds]
+                finals = [r["final"] for r in _run_all(cfg, cache, jobs, desc=f"{SLUG} tune {arm}")]
+                k = len(cfg.val_seeds)
+                return [{"final": finals[i * k:(i + 1) * k]} for i in range(len(lrs))]
+            tunings[arm] = tune_grid(evaluate, cfg.lr_grid, score="final", maximize=True, log=True,
+                                     max_extra=cfg.grid_extra)
     lr_of: dict[str, float] = {}
     for arm in ARMS:
-        src = arm if arm in cfg.tune_arms else "alh_g" if arm.startswith("alh") and "alh_g" in cfg.tune_arms else arm
-        if src in cfg.tune_arms and len(cfg.lr_grid) > 1:
-            lr_of[arm] = pick_best(cfg.lr_grid, [float(np.mean(tune[src, lr])) for lr in cfg.lr_grid])
-        else:
-            lr_of[arm] = cfg.lr_grid[0]
+        src = lr_source(cfg, arm)
+        lr_of[arm] = tunings[src].value if src in tunings else cfg.lr_grid[0]
 
     # 2) test runs: every arm on every seed, plus TD3 on unbiased data (the regime control)
     control = bool(cfg.regime_seeds) and cfg.biased
@@ -362,33 +415,35 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                              "finite_losses": int(logs[a][s]["finite"])} for a in arms if s in logs[a]})
 
     paper = "official curves, bias scheme, 10 seeds: ALH-g − TD3 = +4.6 at 75k steps (+7.5 at 2M); issue: ≈ +2"
+    names = _claim_names()
     checks: list[ClaimCheck] = [
-        rec.paired(name="ALH-g beats TD3 on biased early data (mean of last 2 evals)", metric="final_return",
+        rec.paired(name=names["alh_g"], metric="final_return",
                    method_arm="alh_g", baseline_arm="td3", direction=">=", threshold=0.0, kind="claim",
                    paper_value=paper),
-        rec.paired(name="ALH-a beats TD3 on biased early data (mean of last 2 evals)", metric="final_return",
+        rec.paired(name=names["alh_a"], metric="final_return",
                    method_arm="alh_a", baseline_arm="td3", direction=">=", threshold=0.0, kind="claim",
                    paper_value="official curves: ALH-a − TD3 = +4.3 at 75k steps (+4.7 at 2M)"),
     ]
-    if control:
-        checks.append(paired_check(
+    if control:  # a MultiNormEnv check: it guards the MultiNormEnv claims (every claim of this run)
+        checks.append(_lead(paired_check(
             name="regime: the biased data hurts TD3 (TD3 unbiased − TD3 biased > 0)", metric="final_return",
             method=[logs["td3_unbiased"][s]["final"] for s in cfg.regime_seeds],
             baseline=[logs["td3"][s]["final"] for s in cfg.regime_seeds], method_arm="td3_unbiased",
-            baseline_arm="td3", direction=">=", threshold=0.0, kind="sanity",
-            paper_value="official TD3 at 2M: −2.7 unbiased vs −9.7 biased"))
-    if len(cfg.lr_grid) > 1:
-        checks += [interior_check(arm=a, lr=lr_of[a], grid=cfg.lr_grid,
-                                  val_means=[float(np.mean(tune[a, lr])) for lr in cfg.lr_grid],
-                                  n_val=len(cfg.val_seeds)) for a in cfg.tune_arms]
+            baseline_arm="td3", direction=">=", threshold=0.0, kind="sanity", guards=list(names.values()),
+            paper_value="official TD3 at 2M: −2.7 unbiased vs −9.7 biased"),
+            "the regime: the biased early data must hurt TD3, or the run does not show that the bias is what ALH "
+            "overcomes."))
+    checks += [lr_tuning_check(arm=a, tuned=tunings[a], guards=tuning_guards(cfg, a), n_val=len(cfg.val_seeds))
+               for a in cfg.tune_arms if a in tunings]
     n_bad = sum(1 - lg["finite"] for a in arms for lg in logs[a].values())
     n_all = sum(len(logs[a]) for a in arms)
     checks.append(ClaimCheck(name="every run's critic loss stays finite", metric="nonfinite_runs",
                              measured=float(n_bad), threshold=0.0, direction="<=", kind="sanity",
-                             detail=f"{n_bad} of {n_all} runs had a non-finite critic loss"))
+                             detail=f"convergence: a run whose critic loss is not finite diverged and its return "
+                                    f"means nothing. {n_bad} of {n_all} runs had a non-finite critic loss"))
     mj_summary: dict[str, Any] = {}
-    if mj:
-        checks += _mujoco_checks(cfg, mj)
+    if mj:  # per-environment: MuJoCo has no claim in this run, so its checks are shown beside the verdict
+        checks += _mujoco_checks(cfg, mj, kind="mechanism")
         mj_summary = _mujoco_summary(cfg, mj)
 
     # rliable IQM (stratified bootstrap over seeds; one task)
@@ -416,7 +471,11 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
 
     extra = {
         "tuned_lr": lr_of,
-        "val_final_return": {f"{a}@{lr:g}": v for (a, lr), v in tune.items()},
+        "val_final_return": {f"{a}@{lr:g}": t.records[lr]["final"] for a, t in tunings.items() for lr in t.grid},
+        "tuning": {a: {"picked": t.value, "grid": t.grid, "declared": t.declared, "extensions": t.extensions,
+                       "max_extra": t.max_extra, "inside": t.ok,
+                       "val_mean": {f"{lr:g}": t.mean(lr) for lr in t.grid},
+                       "val_se": {f"{lr:g}": t.se(lr) for lr in t.grid}} for a, t in tunings.items()},
         "iqm_final_return": iqm,
         "curves": {a: {"steps": next(iter(logs[a].values()))["steps"],
                        "seeds": list(logs[a]), "returns": [lg["returns"] for lg in logs[a].values()]} for a in arms},
