@@ -99,7 +99,7 @@ def test_bts_schedule_values():
     assert bts_percentile(20) == pytest.approx(0.999, abs=1e-3)
     assert bts_percentile(10_000) == bts_percentile(150)  # capped at MAX_NODE_VISITS
     ps = [bts_percentile(n) for n in range(1, 40)]
-    assert all(b > a for a, b in zip(ps, ps[1:]))
+    assert all(b > a for a, b in zip(ps, ps[1:], strict=False))
     assert bts_percentile(1, init=0.7, scale=10) == pytest.approx(0.7)
     assert gaussian_quantile(0.5) == pytest.approx(0.0, abs=1e-12)
     assert gaussian_quantile(0.975) == pytest.approx(1.959964, abs=1e-5)

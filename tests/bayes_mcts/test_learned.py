@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from icml24.bayes_mcts import GridMaze, TSTS
+from icml24.bayes_mcts import TSTS, GridMaze
 from icml24.bayes_mcts.learned import EnsembleValueModel, _open_cells, maze_features, train_value_ensemble
 
 

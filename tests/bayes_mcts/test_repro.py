@@ -23,8 +23,16 @@ def test_quick_run_writes_a_complete_result(quick):
     for name in ("success_vs_budget.png", "example_tree.png"):
         assert (out / name).stat().st_size > 1000
     kinds = [c.kind for c in res.claim_checks]
-    assert kinds.count("claim") == 2 and kinds.count("sanity") == 5  # GridMaze only in quick mode
+    # GridMaze only in quick mode: regime, 2 negative controls, 3 tuning checks, exact network
+    assert kinds.count("claim") == 2 and kinds.count("sanity") == 7
     assert set(res.extra["tuned"]["gridmaze"]) == {"nmcts", "bts", "tsts"}
+    cfg = Config.quick()
+    declared = {"nmcts": cfg.c_grid, "bts": cfg.bts_scale_grid, "tsts": cfg.tsts_scale_grid}
+    for p, t in res.extra["tuning"]["gridmaze"].items():
+        assert t["declared"] == list(declared[p]) and len(t["extensions"]) <= cfg.grid_extra
+        assert t["picked"] == res.extra["tuned"]["gridmaze"][p] and t["picked"] in t["grid"]
+        assert sorted(t["grid"]) == sorted([*declared[p], *t["extensions"]])
+        assert min(t["grid"]) >= 0.0  # c >= 0: an extension never crosses the domain's edge
     iqm = res.extra["iqm"]["success"]
     assert set(iqm) >= {"tsts", "nmcts"} and all(v["ci_low"] <= v["iqm"] <= v["ci_high"] for v in iqm.values())
 
@@ -38,6 +46,81 @@ def test_quick_run_headline_direction(quick):
     regime = next(c for n, c in checks.items() if n.startswith("regime"))
     exact = next(c for n, c in checks.items() if "exact network" in n)
     assert regime.passed and exact.passed
+
+
+def test_quick_run_writes_schema_3_that_the_shared_checker_accepts(quick):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, out = quick
+    d = json.loads((out / "results.json").read_text())
+    assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
+    checker = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
+    if not checker.exists():
+        pytest.skip(f"no shared checker at {checker}")
+    r = subprocess.run([sys.executable, str(checker), str(out / "results.json")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_each_sanity_check_guards_its_environments_claims(quick):
+    """Per environment and per arm: the regime, the exact network and N-MCTS's tuning guard both claims (N-MCTS is
+    their baseline); TSTS's controls and tuning guard the TSTS claim; BTS's tuning the BTS claim."""
+    from dataclasses import replace
+
+    from icml24.common.results import verdict
+
+    res, _ = quick
+    tsts, bts = (c.name for c in res.checks("claim"))
+    assert "TSTS" in tsts and "BTS" in bts
+    want = {"regime": [tsts, bts], "negative control (GridMaze": [tsts], "negative control (issue)": [tsts],
+            "N-MCTS tuned": [tsts, bts], "BTS tuned": [bts], "TSTS tuned": [tsts], "N-MCTS solves": [tsts, bts]}
+    sanity = res.checks("sanity")
+    for start, guards in want.items():
+        (c,) = [c for c in sanity if c.name.startswith(start)]
+        assert c.guards == guards, c.name
+    lead = ("the regime: ", "negative control", "tuning: ", "implementation: ")
+    assert all(c.detail.startswith(lead) for c in sanity)
+    # a failing guard voids exactly the claims it names: every sanity check passing but BTS's tuning check
+    bts_tuning = next(c.name for c in sanity if c.name.startswith("BTS tuned"))
+    checks = [replace(c) for c in res.checks("claim")]
+    checks += [replace(c, measured=c.threshold - (c.name == bts_tuning)) for c in sanity]
+    v = verdict(checks)
+    assert [c.void_by for c in checks[:2]] == [[], [bts_tuning]] and v["sanity_failed"] == [bts_tuning]
+    assert v["label"] == "holds 1/1, 1 void" and v["claims_void"] == 1
+
+
+def test_tune_knob_extends_past_a_winning_edge_and_c_stops_at_zero():
+    import math
+
+    from icml24.bayes_mcts.experiment import tune_knob
+
+    def fake(curve):
+        def episode_fn(*, seed, planner, budget, **knob):
+            (x,) = knob.values()
+            return {"success": curve(x) + 0.001 * seed, "return": -1.0}  # a clear curve, a small spread
+        return episode_fn
+
+    val = [0, 1, 2, 3]
+    t = tune_knob(fake(lambda c: -c), "nmcts", (0.0, 0.5, 1.414), val, budget=10, max_extra=2)
+    assert t.value == 0.0 and t.extensions == [] and not t.ok  # c = 0: a hard limit, no extension, not natural
+    t = tune_knob(fake(lambda c: c), "nmcts", (0.0, 0.5, 1.414), val, budget=10, max_extra=2)
+    assert t.extensions == pytest.approx([1.414 + 0.914, 1.414 + 2 * 0.914])  # a linear grid: by its last step
+    t = tune_knob(fake(lambda x: math.log2(x) / 10), "tsts", (1.0, 2.0, 4.0), val, budget=10, max_extra=2)
+    assert t.extensions == pytest.approx([8.0, 16.0]) and t.value == 16.0 and not t.ok  # by the grid's ratio
+    t = tune_knob(fake(lambda x: -(math.log2(x) - 3) ** 2), "bts", (1.0, 2.0, 4.0), val, budget=10, max_extra=2)
+    assert t.extensions == pytest.approx([8.0, 16.0]) and t.value == 8.0 and t.ok  # an optimum found past the top
+    assert t.records[8.0]["return"] == [-1.0] * 4
+
+
+def test_nmcts_at_c_zero_is_no_other_arm():
+    """c = 0 is N-MCTS's hard limit, not a natural bound: it still searches (best-first on Q̂), so it is neither
+    the greedy arm nor TSTS without sampling noise."""
+    cfg = Config.quick()
+    runs = {s: [episode("gridmaze", cfg, seed=s, budget=10, **kw)["steps"] for kw in (
+        dict(planner="nmcts", c_puct=0.0), dict(planner="greedy"), dict(planner="tsts", exploration=0.0))]
+        for s in (500, 502)}
+    assert runs[500][0] != runs[500][1] and runs[502][0] != runs[502][2]
 
 
 def test_episode_metrics_are_consistent():
@@ -58,3 +141,6 @@ def test_config_validation():
     with pytest.raises(ValueError, match="n_sweep"):
         Config(seeds=(0, 1), n_sweep=3)
     assert Config.quick().budget == 10 and Config().budget == 20 and Config().sigma_err == 1.0
+    assert Config().grid_extra == 2
+    with pytest.raises(ValueError, match="grid_extra"):
+        Config(grid_extra=-1)

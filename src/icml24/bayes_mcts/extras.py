@@ -1,5 +1,7 @@
 """The GridLeaper cell (the paper's Leaper analog), reported as measured: TSTS / BTS vs N-MCTS at σ_err = 1, T = 20,
-every planner's knob tuned on validation instances with the issue's grids (written to ``leaper.json``)::
+every planner's knob tuned on validation instances with the issue's grids by ``tune_grid`` (the main run's
+``tune_knob``: extended past an edge that keeps winning, at most ``grid_extra`` points; written to
+``leaper.json``)::
 
     python -m icml24.bayes_mcts.extras [--out results/bayes_mcts] [--quick]
 """
@@ -15,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from icml24.bayes_mcts.envs import GridLeaper
-from icml24.bayes_mcts.experiment import KNOB, Config, _iqm
+from icml24.bayes_mcts.experiment import KNOB, Config, _iqm, tune_knob, tuning_record
 from icml24.bayes_mcts.planners import make_planner, run_episode
 from icml24.bayes_mcts.value_models import SimulatedValueModel
 from icml24.common.results import paired_check, write_atomic
@@ -38,13 +40,10 @@ def run_leaper(*, out: Path, quick: bool = False) -> dict[str, Any]:
     test = [1000 + i for i in cfg.seeds]
     val = [500 + j for j in range(cfg.n_val)]
     grids = {"nmcts": cfg.c_grid, "bts": cfg.bts_scale_grid, "tsts": cfg.tsts_scale_grid}
-    tuned, val_success = {}, {}
-    for p, grid in grids.items():
-        sc = {x: [leaper_episode(seed=s, planner=p, budget=cfg.budget, sigma_err=cfg.sigma_err, **{KNOB[p]: x})
-                  for s in val] for x in grid}
-        key = {x: (np.mean([r["success"] for r in rs]), np.mean([r["return"] for r in rs])) for x, rs in sc.items()}
-        tuned[p] = max(grid, key=lambda x: key[x])
-        val_success[p] = {str(x): float(k[0]) for x, k in key.items()}
+    tunings = {p: tune_knob(leaper_episode, p, grid, val, budget=cfg.budget, max_extra=cfg.grid_extra,
+                            sigma_err=cfg.sigma_err) for p, grid in grids.items()}
+    tuned = {p: t.value for p, t in tunings.items()}
+    val_success = {p: {str(x): t.mean(x) for x in t.grid} for p, t in tunings.items()}
     arms = {"greedy": ("greedy", "gt"), "nmcts": ("nmcts", "gt"), "bts": ("bts", "gt"), "tsts": ("tsts", "gt"),
             "tsts_const": ("tsts", "const"), "tsts_zero": ("tsts", "zero")}
     res = {a: [leaper_episode(seed=s, planner=p, std_mode=m, budget=cfg.budget, sigma_err=cfg.sigma_err,
@@ -60,7 +59,8 @@ def run_leaper(*, out: Path, quick: bool = False) -> dict[str, Any]:
     iqm = _iqm({a: np.array([[r["return"] for r in rs]]).T for a, rs in res.items()}, cfg.iqm_reps)
     d = {"mode": "quick" if quick else "full", "env": "GridLeaper(lanes=4, width=9, density=0.35)",
          "sigma_err": cfg.sigma_err, "budget": cfg.budget, "n_test": len(test), "n_val": len(val),
-         "tuned": tuned, "validation_success": val_success, "success": succ, "paired_vs_nmcts": diffs,
+         "tuned": tuned, "validation_success": val_success,
+         "tuning": {p: tuning_record(t) for p, t in tunings.items()}, "success": succ, "paired_vs_nmcts": diffs,
          "mean_return": {a: float(np.mean([r["return"] for r in rs])) for a, rs in res.items()},
          "iqm_return": iqm, "wall_s": round(time.perf_counter() - t0, 1)}
     out = Path(out)
