@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from icml24.common.data import load_mnist1d
+from icml24.common.results import ClaimCheck, verdict
 from icml24.exp_sgdm.experiment import Config, identity_p_value, run, train_mlp
+
+CHECKER = Path(__file__).resolve().parents[3] / "shared" / "tools" / "check_results.py"
 
 
 @pytest.fixture(scope="module")
@@ -32,23 +39,35 @@ def test_quick_run_writes_a_complete_result(quick):
 
 def test_each_arm_is_tuned_on_validation_with_the_same_grid(quick):
     res, _ = quick
-    grid = list(Config.quick().lr_grid)
+    cfg = Config.quick()
     for arm in ("sgdm", "exp_sgdm"):
+        t = res.extra["tuning"][arm]
+        assert t["declared"] == list(cfg.lr_grid) and t["grid_extra"] == cfg.grid_extra  # the same budget
+        assert t["grid"] == sorted(t["declared"] + t["extensions"]) and len(t["extensions"]) <= cfg.grid_extra
+        g = list(t["declared"])
+        for e in t["extensions"]:  # each one the grid's own ratio past an edge of the grid so far
+            assert math.isclose(e, g[-1] ** 2 / g[-2]) or math.isclose(e, g[0] ** 2 / g[1])
+            g = sorted([*g, e])
         by_lr = res.extra["val_acc_mean_by_lr"][arm]
-        assert [float(k) for k in by_lr] == grid
-        best = max(grid, key=lambda lr: by_lr[str(lr)])
-        assert res.extra["tuned_lr"][arm] == best  # argmax of validation, never of test
-        # the recorded per-seed runs are the ones at the tuned η: their validation mean is the grid's maximum
+        assert [float(k) for k in by_lr] == t["grid"]
+        picked = res.extra["tuned_lr"][arm]
+        assert picked == t["picked"] and picked in t["grid"]
+        best = max(t["grid"], key=lambda lr: by_lr[str(lr)])  # on validation, never on test
+        assert by_lr[str(best)] - by_lr[str(picked)] <= t["val_acc_se_by_lr"][str(best)] + 1e-9  # one-SE rule
+        # the recorded per-seed runs are the ones at the tuned η
         recorded = [row["metrics"][arm]["val_acc"] for row in res.per_seed]
-        assert sum(recorded) / len(recorded) == pytest.approx(by_lr[str(best)])
+        assert sum(recorded) / len(recorded) == pytest.approx(by_lr[str(picked)])
+        c = next(c for c in res.claim_checks if c.name == f"{arm}'s tuned η lies inside its grid")
+        assert c.kind == "sanity" and c.passed == (t["edge"] is None) and c.detail.startswith("tuning: ")
 
 
 def test_checks_are_labelled_and_the_claim_is_paired(quick):
     """Only the accuracy comparison votes (paired per-seed differences with a CI); the identity and the
-    stationarity bound are mechanisms; the regime, the tuning and the negative controls are sanity checks."""
+    stationarity bound are mechanisms, and so are the identity's negative controls (they condition no claim); the
+    regime, convergence, the two tuning checks and the claim's negative control are sanity checks."""
     res, _ = quick
     kinds = [c.kind for c in res.claim_checks]
-    assert kinds.count("claim") == 1 and kinds.count("mechanism") == 2 and kinds.count("sanity") == 7
+    assert kinds.count("claim") == 1 and kinds.count("mechanism") == 5 and kinds.count("sanity") == 5
     (c,) = res.checks("claim")
     margin = Config.quick().margin_points
     d = [r["metrics"]["exp_sgdm"]["test_acc"] - r["metrics"]["sgdm"]["test_acc"] for r in res.per_seed]
@@ -64,7 +83,39 @@ def test_identity_holds_and_every_negative_control_is_rejected(quick):
     assert set(mech) == {"identity_exponential", "identity_one", "identity_uniform2", "identity_per_coordinate"}
     assert mech["identity_exponential"].kind == "mechanism" and mech["identity_exponential"].passed
     for arm in ("identity_one", "identity_uniform2", "identity_per_coordinate"):
-        assert mech[arm].kind == "sanity" and mech[arm].passed and mech[arm].measured < 1e-3
+        assert mech[arm].kind == "mechanism" and mech[arm].passed and mech[arm].measured < 1e-3
+        assert mech[arm].detail.startswith("negative control")
+
+
+def test_guards_name_the_claim_and_a_failed_guard_voids_it(quick):
+    res, _ = quick
+    (claim,) = res.checks("claim")
+    sanity = {c.name: c for c in res.checks("sanity")}
+    assert sanity["no divergence at the tuned η (either arm)"].guards == []  # training converged: every claim
+    assert all(c.guards == [claim.name] for n, c in sanity.items() if n != "no divergence at the tuned η (either arm)")
+    assert all(c.detail.startswith(("the regime: ", "negative control: ", "tuning: ", "training converged: "))
+               for c in sanity.values())
+    for s in sanity.values():  # each guard failed alone voids the claim; the mechanisms are still shown
+        failed = ClaimCheck(name=s.name, metric=s.metric, kind="sanity", guards=s.guards, measured=float("nan"),
+                            threshold=0.0, direction=">=")
+        v = verdict([failed if c is s else copy.deepcopy(c) for c in res.claim_checks])
+        assert v["label"] == "inconclusive (0/1 testable)" and v["claims_void"] == 1 and v["mechanisms_total"] == 5
+    # a failed identity control (a mechanism) voids nothing
+    checks = [copy.deepcopy(c) for c in res.claim_checks]
+    for i, c in enumerate(checks):
+        if c.method_arm == "identity_one":
+            checks[i] = ClaimCheck(name=c.name, metric=c.metric, kind="mechanism", measured=1.0,
+                                   threshold=c.threshold, direction="<=")
+    assert verdict(checks)["claims_void"] == 0
+
+
+@pytest.mark.skipif(not CHECKER.exists(), reason="the shared checker is not beside this checkout")
+def test_quick_run_writes_schema_3_that_the_shared_checker_accepts(quick):
+    _, out = quick
+    d = json.loads((out / "results.json").read_text())
+    assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
+    proc = subprocess.run([sys.executable, str(CHECKER), str(out / "results.json")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_the_claims_test_rejects_the_small_lr_control(quick):
@@ -98,6 +149,8 @@ def test_same_seed_same_numbers():
     ({"synth_steps": (100,)}, "synth_steps"),
     ({"lr_grid": (0.5, 1.0)}, ">= 3 strictly increasing"),
     ({"seeds": (0,)}, ">= 2 seeds"),
+    ({"grid_extra": -1}, "grid_extra"),
+    ({"grid_extra": 2.0}, "grid_extra"),
     ({"identity_level": 0.0}, "identity_level"),
     ({"identity_samples": 1}, "identity_samples"),
     ({"ceiling_points": float("nan")}, "ceiling_points"),
