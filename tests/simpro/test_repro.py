@@ -1,13 +1,19 @@
-"""SimPro quick reproduction: one module-scoped quick run, the claim's robust direction, config errors."""
+"""SimPro quick reproduction: one module-scoped quick run, the claim's robust direction, schema-3 guards and
+tune_grid picks, config errors."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from icml24.simpro.experiment import Config, _data, run, run_arm
+from icml24.common.results import verdict
+from icml24.simpro.experiment import CONTROL, Config, _data, run, run_arm
+
+CHECKER = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +37,70 @@ def test_quick_run_writes_a_complete_result(quick):
 def test_quick_run_direction_on_the_gaussian_tier(quick):
     res, _ = quick
     acc = res.extra["mean_bal_acc"]["gauss/reversed"]
-    # reversed unlabeled prior: SimPro far above both FixMatch variants and the no-M-step control
-    assert acc["simpro"] > max(acc["fixmatch"], acc["fixmatch_la"]) + 10
-    assert acc["simpro"] > acc["simpro_no_em"] + 5
+    # reversed unlabeled prior, each arm at its tuned threshold: SimPro above both FixMatch variants (tuning moves
+    # them to t = 0.99, where they mask most pseudo-labels), well above plain FixMatch and the no-M-step control
+    assert acc["simpro"] > max(acc["fixmatch"], acc["fixmatch_la"])
+    assert acc["simpro"] > acc["fixmatch"] + 5 and acc["simpro"] > acc["simpro_no_em"] + 3
+    # at one shared threshold (t = 0.7, on the validation split of the tuning seed) the gap is the paper's
+    val = {a: res.extra["val_scores"][f"gauss/reversed/{a}"]["{'threshold': 0.7, 'lr_factor': 1.0}"]
+           for a in ("fixmatch", "fixmatch_la", "simpro", "simpro_no_em")}
+    assert val["simpro"] > max(val["fixmatch"], val["fixmatch_la"]) + 10 and val["simpro"] > val["simpro_no_em"] + 10
     by_name = {c.name: c for c in res.claim_checks}
     assert by_name["gauss/reversed: KL(π_u ‖ π̂_u) ends below KL(π_u ‖ π_l)"].passed
     assert by_name["gauss/reversed: FixMatch is head-biased (head − tail recall >= 20 pts)"].measured > 20
     # nobody beats the Bayes-optimal classifier by more than noise
     bayes = res.summary["bayes_optimal"]["gauss_reversed_bal_acc"]["mean"]
     assert acc["simpro"] <= bayes + 2
+
+
+def test_results_file_is_schema_3_and_passes_the_shared_checker(quick):
+    res, out = quick
+    d = json.loads((out / "results.json").read_text())
+    assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
+    if CHECKER.exists():
+        spec = importlib.util.spec_from_file_location("check_results", CHECKER)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        assert mod.check(str(out / "results.json")) is None
+
+
+def test_every_sanity_check_guards_only_its_own_cells_claim(quick):
+    res, _ = quick
+    claims = {c.name: c for c in res.checks("claim")}
+    for c in res.checks("sanity"):
+        cell = c.name.split(":")[0]
+        assert len(c.guards) == 1 and c.guards[0] in claims and c.guards[0].startswith(cell + ":"), c.name
+        assert c.detail.split(":")[0] in ("the regime", "negative control", "tuning"), c.detail
+    for name, c in claims.items():  # a claim is voided by its own cell's failed guards and by nothing else
+        cell = name.split(":")[0]
+        assert c.void_by == sorted(s.name for s in res.checks("sanity") if not s.passed and s.name.startswith(cell))
+    # force one cell's tuning guard to fail: exactly that cell's claim becomes void
+    checks = [type(c).from_dict({**c.__dict__}) for c in res.claim_checks]
+    for c in checks:
+        if c.kind == "sanity":
+            c.passed = c.name != "mnist1d/reversed: every arm's tuned value inside its grid"
+    verdict(checks)
+    assert [c.name for c in checks if c.kind == "claim" and c.void] == ["mnist1d/reversed: SimPro beats the best "
+                                                                        "baseline by >= 5 pts"]
+
+
+def test_every_arm_is_tuned_with_the_same_grid_size_and_budget(quick):
+    res, _ = quick
+    cfg = Config.quick()
+    tuning = res.extra["tuning"]
+    assert set(tuning) == {"gauss/*/supervised", "mnist1d/*/supervised"} | {
+        f"{c}/{a}" for c in ("gauss/consistent", "gauss/reversed", "mnist1d/reversed")
+        for a in ("fixmatch", "fixmatch_la", "simpro")} | {f"{c}/{CONTROL}" for c in ("gauss/reversed", "mnist1d/reversed")}
+    lo, hi = cfg.threshold_limits
+    for name, t in tuning.items():
+        declared = cfg.sup_lr_factors if name.endswith("supervised") else cfg.threshold_grid
+        assert t["declared"] == sorted(declared) and len(t["extensions"]) <= cfg.grid_extra
+        assert t["picked"] in t["grid"] and len(t["grid"]) == len(declared) + len(t["extensions"])
+        if t["knob"] == "threshold":
+            assert all(lo <= x <= hi for x in t["grid"])  # extensions stay inside (0, 1) where the losses accept t
+    for (cell, arm), hp in ((k.rsplit("/", 1), v) for k, v in res.extra["tuned"].items()):
+        t = tuning[f"{cell.split('/')[0]}/*/supervised" if arm == "supervised" else f"{cell}/{arm}"]
+        assert hp[t["knob"]] == t["picked"]
 
 
 def test_labeled_validation_and_test_draws_do_not_depend_on_the_distribution():
@@ -62,6 +123,9 @@ def test_same_seed_same_numbers():
 
 @pytest.mark.parametrize("kw, match", [
     ({"threshold_grid": (0.7, 1.0)}, "threshold_grid"),
+    ({"threshold_limits": (0.1, 1.0)}, "threshold_limits"),
+    ({"threshold_limits": (0.8, 0.99)}, "threshold_limits"),
+    ({"grid_extra": -1}, "grid_extra"),
     ({"sup_lr_factors": (1.0,)}, "sup_lr_factors"),
     ({"gauss_gamma_l": 0.5}, "imbalance ratio"),
     ({"mu": 0}, "mu must be >= 1"),

@@ -13,8 +13,10 @@ criterion):
    cutout views (:func:`~icml24.simpro.data.digits_augment`). A tier runs when its distribution list is non-empty.
 
 Arms: supervised only, FixMatch, FixMatch + LA by π_l, SimPro, and the negative control SimPro without the
-M-step. Each arm picks its hyper-parameter from the same-sized grid on a balanced validation split (a separate
-tuning seed), never on the test set. Claims (paired 95% t-intervals over seeds, test balanced accuracy):
+M-step. Each arm tunes its hyper-parameter (the SSL arms their confidence threshold, the supervised arm an lr
+multiplier) from the same-sized grid on a balanced validation split (a separate tuning seed), never on the test
+set, with :func:`~icml24.common.tuning.tune_grid` (an edge that keeps winning extends the grid, the same budget for
+every arm). Claims (paired 95% t-intervals over seeds, test balanced accuracy):
 SimPro − best baseline ≥ 5 points on reversed and head-tail; ≥ −1 on consistent.
 """
 
@@ -36,6 +38,7 @@ from icml24.common.parallel import run_jobs
 from icml24.common.plotting import band, new_figure, save_figure
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check, paired_check
 from icml24.common.stats import paired_ci
+from icml24.common.tuning import Tuned, tune_grid, tuning_check
 from icml24.simpro.data import (
     DISTRIBUTIONS,
     GaussianMixtureTier,
@@ -75,6 +78,12 @@ class Config(ExperimentConfig):
         "confidence thresholds t each SSL arm is tuned over on validation (notes: 0.7 toy, 0.95 official)"))
     sup_lr_factors: tuple[float, ...] = field(default=(1.0, 0.3), metadata=help_text(
         "lr multipliers the supervised arm is tuned over (same grid size as the SSL arms)"))
+    grid_extra: int = field(default=2, metadata=help_text(
+        "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets the same "
+        "budget"))
+    threshold_limits: tuple[float, float] = field(default=(0.1, 0.99), metadata=help_text(
+        "hard limits of the threshold's extensions, inside (0, 1) where the losses accept t (at t <= 1/K = 0.1 "
+        "every pseudo-label passes; t = 1 would mask them all); a linear grid extends by its step"))
     workers: int = field(default=1, metadata=help_text(
         "processes running the independent, seeded training runs (the numbers do not depend on it)"))
     tune_seed: int = field(default=1000, metadata=help_text("seed of the tuning draw (not an evaluation seed)"))
@@ -147,6 +156,12 @@ class Config(ExperimentConfig):
             raise ValueError("tau must be >= 0 and gauss_lr, mnist1d_lr, digits_lr, gauss_mean_scale > 0")
         if not self.threshold_grid or any(not 0 < t < 1 for t in self.threshold_grid):
             raise ValueError(f"threshold_grid values must be in (0, 1), got {self.threshold_grid!r}")
+        lo, hi = self.threshold_limits
+        if not 0 < lo < hi < 1 or any(not lo <= t <= hi for t in self.threshold_grid):
+            raise ValueError(f"threshold_limits must satisfy 0 < low < high < 1 and hold threshold_grid, got "
+                             f"{self.threshold_limits!r} for {self.threshold_grid!r}")
+        if not isinstance(self.grid_extra, int) or isinstance(self.grid_extra, bool) or self.grid_extra < 0:
+            raise ValueError(f"grid_extra must be an int >= 0, got {self.grid_extra!r}")
         if len(self.sup_lr_factors) != len(self.threshold_grid) or any(not f > 0 for f in self.sup_lr_factors):
             raise ValueError("sup_lr_factors must hold positive values, as many as threshold_grid (equal tuning "
                              f"budget), got {self.sup_lr_factors!r}")
@@ -169,8 +184,8 @@ class Config(ExperimentConfig):
     @classmethod
     def quick(cls) -> Config:
         return cls(seeds=(0, 1), gauss_distributions=("consistent", "reversed"), gauss_steps=200,
-                   mnist1d_distributions=("reversed",), mnist1d_num_seeds=2, mnist1d_steps=40, threshold_grid=(0.7,),
-                   sup_lr_factors=(1.0,), updates_per_run=15)
+                   mnist1d_distributions=("reversed",), mnist1d_num_seeds=2, mnist1d_steps=40, threshold_grid=(0.7, 0.95),
+                   sup_lr_factors=(1.0, 0.3), updates_per_run=15, grid_extra=1)
 
     @classmethod
     def slow(cls) -> Config:
@@ -255,10 +270,27 @@ def _data(cfg: Config, tier: str, dist: str, seed: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- one run
-def _grid(cfg: Config, arm: str) -> list[dict[str, float]]:
+def _knob(arm: str) -> str:
+    """The hyper-parameter an arm is tuned over: the supervised arm's lr multiplier, the SSL arms' threshold."""
+    return "lr_factor" if arm == "supervised" else "threshold"
+
+
+def _declared(cfg: Config, arm: str) -> tuple[float, ...]:
+    return cfg.sup_lr_factors if arm == "supervised" else cfg.threshold_grid
+
+
+def _hp(cfg: Config, arm: str, value: float) -> dict[str, float]:
+    """The hyper-parameters of ``arm`` at ``value`` of its knob (the other one at its fixed default)."""
     if arm == "supervised":
-        return [{"threshold": cfg.threshold_grid[0], "lr_factor": f} for f in cfg.sup_lr_factors]
-    return [{"threshold": t, "lr_factor": 1.0} for t in cfg.threshold_grid]
+        return {"threshold": cfg.threshold_grid[0], "lr_factor": float(value)}
+    return {"threshold": float(value), "lr_factor": 1.0}
+
+
+def _tune_kwargs(cfg: Config, arm: str) -> dict[str, Any]:
+    """tune_grid's scale for each knob: the lr multiplier geometric, the threshold linear inside its limits."""
+    if arm == "supervised":
+        return {"log": True, "max_extra": cfg.grid_extra}
+    return {"log": False, "max_extra": cfg.grid_extra, "limits": tuple(cfg.threshold_limits)}
 
 
 def run_arm(cfg: Config, data: dict[str, Any], arm: str, hp: dict[str, float], seed: int, *,
@@ -280,13 +312,63 @@ def run_arm(cfg: Config, data: dict[str, Any], arm: str, hp: dict[str, float], s
     return ev
 
 
-Job = tuple[str, str, str, int, int, str]  # (tier, distribution or "*", arm, grid index, seed, "val" | "test")
+def _lead(sentence: str, check: ClaimCheck) -> ClaimCheck:
+    """Put the sentence naming what a sanity check guards against first in its detail (issue 26)."""
+    check.detail = f"{sentence} {check.detail}" if check.detail else sentence
+    return check
+
+
+Job = tuple[str, str, str, float, int, str]  # (tier, distribution or "*", arm, knob value, seed, "val" | "test")
 
 
 def _job(cfg: Config, job: Job) -> dict[str, Any]:
-    t, d, a, i, seed, on = job
+    t, d, a, value, seed, on = job
     data = _data(cfg, t, "consistent" if d == "*" else d, seed)
-    return run_arm(cfg, data, a, _grid(cfg, a)[i], seed, on=on)
+    return run_arm(cfg, data, a, _hp(cfg, a, value), seed, on=on)
+
+
+class _Missing(Exception):
+    """Raised by a replayed tuning when it needs validation runs that have not been made yet."""
+
+    def __init__(self, jobs: list[Job]) -> None:
+        super().__init__(f"{len(jobs)} runs missing")
+        self.jobs = jobs
+
+
+def _tune_all(cfg: Config, units: list[tuple[str, str, str]], *, desc: str
+              ) -> tuple[dict[tuple[str, str, str], Tuned | None], dict[Job, dict[str, Any]]]:
+    """Tune every (tier, distribution key, arm) unit on validation with ``tune_grid``, in rounds.
+
+    Each round replays every unit's tuning on the runs made so far (tune_grid is deterministic given its
+    scores); a unit that needs an extension raises :class:`_Missing`, and the missing runs of all units are made
+    together (in ``cfg.workers`` processes) before the next round. A knob whose grid holds one value is fixed
+    (None), not tuned.
+    """
+    cache: dict[Job, dict[str, Any]] = {}
+    todo = sorted({(t, k, a, float(v), cfg.tune_seed, "val") for t, k, a in units for v in _declared(cfg, a)})
+    tuned: dict[tuple[str, str, str], Tuned | None] = {}
+    while todo:
+        cache.update(_execute(cfg, todo, desc=desc))
+        todo = []
+        for t, k, a in units:
+            if len(set(_declared(cfg, a))) < 2:
+                tuned[t, k, a] = None
+                continue
+
+            def evaluate(values: list[float], t=t, k=k, a=a) -> list[list[float]]:
+                jobs = [(t, k, a, float(v), cfg.tune_seed, "val") for v in values]
+                missing = [j for j in jobs if j not in cache]
+                if missing:
+                    raise _Missing(missing)
+                return [[cache[j]["bal_acc"]] for j in jobs]
+
+            try:
+                tuned[t, k, a] = tune_grid(evaluate, _declared(cfg, a), score="val_bal_acc", maximize=True,
+                                           **_tune_kwargs(cfg, a))
+            except _Missing as m:
+                todo += m.jobs
+        todo = sorted(set(todo))
+    return tuned, cache
 
 
 def _execute(cfg: Config, jobs: list[Job], *, desc: str) -> dict[Job, dict[str, Any]]:
@@ -315,23 +397,23 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     def key(t: str, d: str, a: str) -> str:
         return "*" if a == "supervised" else d
 
-    # 1) tuning: every arm gets the same number of configurations, scored on balanced validation data
-    tune_jobs = sorted({(t, key(t, d, a), a, i, cfg.tune_seed, "val") for t, d in cells for a in arms_of(t, d)
-                        for i in range(len(_grid(cfg, a)))})
-    tune_res = _execute(cfg, tune_jobs, desc=f"{SLUG} tune")
-    tuned: dict[tuple[str, str, str], dict[str, float]] = {}
+    # 1) tuning: every arm gets the same grid size and extension budget, scored on balanced validation data
+    units = sorted({(t, key(t, d, a), a) for t, d in cells for a in arms_of(t, d)})
+    tunings, tune_res = _tune_all(cfg, units, desc=f"{SLUG} tune")
+    value: dict[tuple[str, str, str], float] = {}
     val_scores: dict[str, dict[str, float]] = {}
     for t, d in cells:
         for a in arms_of(t, d):
-            grid = _grid(cfg, a)
-            scores = [tune_res[t, key(t, d, a), a, i, cfg.tune_seed, "val"]["bal_acc"] for i in range(len(grid))]
-            val_scores[f"{t}/{d}/{a}"] = {str(hp): sc for hp, sc in zip(grid, scores, strict=True)}
-            tuned[t, d, a] = grid[int(np.argmax(scores))]  # first of equal scores
+            tn = tunings[t, key(t, d, a), a]
+            value[t, d, a] = _declared(cfg, a)[0] if tn is None else tn.value
+            grid = _declared(cfg, a) if tn is None else tn.grid
+            val_scores[f"{t}/{d}/{a}"] = {str(_hp(cfg, a, v)): tune_res[t, key(t, d, a), a, float(v), cfg.tune_seed,
+                                                                      "val"]["bal_acc"] for v in grid}
+    tuned = {c: _hp(cfg, c[2], v) for c, v in value.items()}
 
     # 2) evaluation runs on the test sets, at each arm's tuned configuration
-    idx = {(t, d, a): _grid(cfg, a).index(tuned[t, d, a]) for t, d in cells for a in arms_of(t, d)}
-    eval_jobs = sorted({(t, key(t, d, a), a, idx[t, d, a], s, "test") for t, d in cells for a in arms_of(t, d)
-                        for s in seeds_of[t]})
+    eval_jobs = sorted({(t, key(t, d, a), a, float(value[t, d, a]), s, "test") for t, d in cells
+                        for a in arms_of(t, d) for s in seeds_of[t]})
     eval_res = _execute(cfg, eval_jobs, desc=f"{SLUG} eval")
     res: dict[tuple[str, str, str, int], dict[str, Any]] = {}
     bayes: dict[tuple[str, int], float] = {}
@@ -342,7 +424,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                 bayes[d, s] = data["bayes_bal_acc"]
             kl_l = float(torch.sum(data["pi_u"] * torch.log(data["pi_u"] / _prior(data["n_l"]))))
             for a in arms_of(t, d):
-                res[t, d, a, s] = dict(eval_res[t, key(t, d, a), a, idx[t, d, a], s, "test"], kl_labeled=kl_l)
+                res[t, d, a, s] = dict(eval_res[t, key(t, d, a), a, float(value[t, d, a]), s, "test"],
+                                       kl_labeled=kl_l)
 
     for s in cfg.seeds:
         metrics: dict[str, dict[str, Any]] = {}
@@ -350,18 +433,17 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             if s2 != s:
                 continue
             m = metrics.setdefault(a, {})
-            key = f"{t}_{d}"
-            m[f"{key}_bal_acc"] = r["bal_acc"]
-            m[f"{key}_head_minus_tail"] = r["head_recall"] - r["tail_recall"]
-            m[f"{key}_mask_rate"] = r["mask_rate"]
+            mk = f"{t}_{d}"
+            m[f"{mk}_bal_acc"] = r["bal_acc"]
+            m[f"{mk}_head_minus_tail"] = r["head_recall"] - r["tail_recall"]
+            m[f"{mk}_mask_rate"] = r["mask_rate"]
             if a in ("simpro", CONTROL):
-                m[f"{key}_kl_pi_u_hat"] = r["kl_history"][-1][1] if r["kl_history"] else float("nan")
-                m[f"{key}_kl_pi_l"] = r["kl_labeled"]
+                m[f"{mk}_kl_pi_u_hat"] = r["kl_history"][-1][1] if r["kl_history"] else float("nan")
+                m[f"{mk}_kl_pi_l"] = r["kl_labeled"]
         for d in cfg.gauss_distributions:
             metrics.setdefault("bayes_optimal", {})[f"gauss_{d}_bal_acc"] = bayes[d, s]
         if metrics:  # a seed beyond every enabled tier's seed count has no runs
             rec.add_seed(s, metrics)
-    summ = rec.summary()
 
     def vals(t: str, d: str, a: str, metric: str = "bal_acc") -> list[float]:
         if metric == "head_minus_tail":
@@ -380,9 +462,12 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     for t, d in cells:
         b = best_baseline(t, d)
         metric = f"{t}_{d}_bal_acc"
+        claim = (f"{t}/{d}: SimPro beats the best baseline by >= {cfg.gain_margin:g} pts" if d in ("reversed", "head-tail")
+                 else f"{t}/{d}: SimPro no worse than the best baseline by more than {cfg.consistent_margin:g} pt"
+                 if d == "consistent" else None)
         if d in ("reversed", "head-tail"):
             checks.append(paired_check(
-                name=f"{t}/{d}: SimPro beats the best baseline by >= {cfg.gain_margin:g} pts", metric=metric,
+                name=claim, metric=metric,
                 method=vals(t, d, "simpro"), baseline=vals(t, d, b), direction=">=", threshold=cfg.gain_margin,
                 kind="claim", method_arm="simpro", baseline_arm=b, paper_value=paper[d],
                 detail=f"best baseline by mean test balanced accuracy among {BASELINES}"))
@@ -391,20 +476,23 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             checks.append(ClaimCheck(
                 name=f"{t}/{d}: negative control (SimPro without the M-step) is rejected by the claim",
                 kind="sanity", metric=metric, measured=ctl["ci_low"], threshold=cfg.gain_margin, direction="<=",
-                method_arm=CONTROL, baseline_arm=b,
-                detail=f"{CONTROL} − {b}: {ctl['mean']:.3g} [{ctl['ci_low']:.3g}, {ctl['ci_high']:.3g}]; the claim "
+                method_arm=CONTROL, baseline_arm=b, guards=[claim],
+                detail=f"negative control: a variant the paper's argument says must fail, here SimPro without the "
+                       f"prior estimation (M-step), must be rejected by this cell's claim. {CONTROL} − {b}: "
+                       f"{ctl['mean']:.3g} [{ctl['ci_low']:.3g}, {ctl['ci_high']:.3g}]; the claim "
                        f"needs ci_low >= {cfg.gain_margin:g}, so ci_low < {cfg.gain_margin:g} means it rejects the "
                        "variant without prior estimation"))
         if d in ("reversed", "head-tail"):
-            checks.append(one_sample_check(
-                name=f"{t}/{d}: FixMatch is head-biased (head − tail recall >= {cfg.bias_gap:g} pts)",
-                metric=f"{t}_{d}_head_minus_tail", values=vals(t, d, "fixmatch", "head_minus_tail"),
-                direction=">=", threshold=cfg.bias_gap, kind="sanity", arm="fixmatch",
-                detail="recall of the 3 labeled-head classes minus the 3 labeled-tail classes: the regime SimPro "
-                       "targets"))
+            checks.append(_lead(
+                "the regime: FixMatch is biased toward the labeled head classes, the bias SimPro targets in this "
+                "cell.", one_sample_check(
+                    name=f"{t}/{d}: FixMatch is head-biased (head − tail recall >= {cfg.bias_gap:g} pts)",
+                    metric=f"{t}_{d}_head_minus_tail", values=vals(t, d, "fixmatch", "head_minus_tail"),
+                    direction=">=", threshold=cfg.bias_gap, kind="sanity", arm="fixmatch", guards=[claim],
+                    detail="recall of the 3 labeled-head classes minus the 3 labeled-tail classes")))
         elif d == "consistent":
             checks.append(paired_check(
-                name=f"{t}/{d}: SimPro no worse than the best baseline by more than {cfg.consistent_margin:g} pt",
+                name=claim,
                 metric=metric, method=vals(t, d, "simpro"), baseline=vals(t, d, b), direction=">=",
                 threshold=-cfg.consistent_margin, kind="claim", method_arm="simpro", baseline_arm=b,
                 paper_value=paper[d]))
@@ -412,6 +500,19 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             st = paired_ci(vals(t, d, "simpro"), vals(t, d, b))
             unchecked[f"{t}/{d}"] = {"best_baseline": b, "simpro_minus_best": st["mean"], "ci_low": st["ci_low"],
                                      "ci_high": st["ci_high"], "n": st["n"]}
+        cell_tuned = {a: tunings[t, key(t, d, a), a] for a in arms_of(t, d)}
+        if claim is not None and any(tn is not None for tn in cell_tuned.values()):
+            # the claim compares SimPro with the best of the baselines (and the control conditions it): every one
+            # of these arms must be tuned for the cell's claim to mean anything
+            live = {a: tn for a, tn in cell_tuned.items() if tn is not None}
+            picks = ", ".join(f"{a} {_knob(a)}={tn.value:.3g}"
+                              + (f" (extended {', '.join(f'{x:.3g}' for x in tn.extensions)})" if tn.extensions else "")
+                              + ("" if tn.ok else " AT AN EDGE") for a, tn in live.items())
+            checks.append(tuning_check(
+                name=f"{t}/{d}: every arm's tuned value inside its grid", tuned=list(live.values()), threshold=1.0,
+                arm="*", guards=[claim],
+                detail=f"tuning: every arm this cell's claim compares (the baselines, SimPro, the control) must be "
+                       f"tuned on validation; {picks}"))
         if d != "consistent":
             kl_hat = [res[t, d, "simpro", s]["kl_history"][-1][1] for s in seeds_of[t]]
             kl_l = [res[t, d, "simpro", s]["kl_labeled"] for s in seeds_of[t]]
@@ -471,6 +572,12 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     artifacts.append(save_figure(fig, out_dir / "per_class_recall.png"))
 
     extra = {"tuned": {f"{t}/{d}/{a}": hp for (t, d, a), hp in tuned.items()}, "val_scores": val_scores,
+             "grid_extra": cfg.grid_extra,
+             "tuning": {f"{t}/{k}/{a}": ({"knob": _knob(a), "fixed": _declared(cfg, a)[0]} if tn is None else
+                                         {"knob": _knob(a), "picked": tn.value, "grid": list(tn.grid),
+                                          "declared": list(tn.declared), "extensions": list(tn.extensions),
+                                          "ok": tn.ok})
+                        for (t, k, a), tn in tunings.items()},
              "unchecked_simpro_minus_best": unchecked,
              "best_baseline": {f"{t}/{d}": best_baseline(t, d) for t, d in cells},
              "mean_bal_acc": {f"{t}/{d}": {a: float(np.mean(vals(t, d, a))) for a in arms_of(t, d)} for t, d in cells},
