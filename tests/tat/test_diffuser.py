@@ -7,11 +7,16 @@ import pytest
 import torch
 from torch import nn
 
-from icml24.tat.diffuser import (GaussianDiffusion, LimitsNormalizer, MLPDenoiser, TemporalUnet,
-                                 cosine_beta_schedule, train_diffuser)
-from icml24.tat.maze import Maze
+from icml24.tat.diffuser import (
+    GaussianDiffusion,
+    LimitsNormalizer,
+    MLPDenoiser,
+    TemporalUnet,
+    cosine_beta_schedule,
+    train_diffuser,
+)
+from icml24.tat.maze import Maze, PointMaze2D
 from icml24.tat.planner import DiffuserPlanner, execute_plan
-from icml24.tat.maze import PointMaze2D
 
 
 class _Oracle(nn.Module):
@@ -37,7 +42,7 @@ def test_strided_timesteps():
     d = GaussianDiffusion(_Oracle(torch.zeros(1, 8, 2)), horizon=8, transition_dim=2, n_timesteps=20)
     assert d.timesteps() == list(range(19, -1, -1)) and d.timesteps(50) == d.timesteps()
     ts = d.timesteps(7)
-    assert len(ts) == 7 and ts[0] == 19 and ts[-1] == 0 and all(a > b for a, b in zip(ts[:-1], ts[1:]))
+    assert len(ts) == 7 and ts[0] == 19 and ts[-1] == 0 and all(a > b for a, b in zip(ts[:-1], ts[1:], strict=False))
 
 
 @pytest.mark.parametrize("n_steps", [None, 7, 1])

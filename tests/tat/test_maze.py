@@ -5,8 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from icml24.tat.maze import (LAYOUTS, Maze, PointMaze2D, collect_dataset, expert_return, plan_infeasible,
-                             segments_cross_walls)
+from icml24.tat.maze import (
+    LAYOUTS,
+    Maze,
+    PointMaze2D,
+    collect_dataset,
+    expert_return,
+    plan_infeasible,
+    segments_cross_walls,
+)
 
 
 def test_layouts_are_d4rl_sizes():
@@ -23,7 +30,7 @@ def test_bfs_distances_and_path():
     assert u.distances_from((1, 1))[3, 1] == 6  # around the bend: (1,1)->(1,3)->(3,3)->(3,1)
     p = u.shortest_path((1, 1), (3, 1))
     assert p[0] == (1, 1) and p[-1] == (3, 1) and len(p) == 7
-    assert all(abs(a[0] - b[0]) + abs(a[1] - b[1]) == 1 for a, b in zip(p[:-1], p[1:]))
+    assert all(abs(a[0] - b[0]) + abs(a[1] - b[1]) == 1 for a, b in zip(p[:-1], p[1:], strict=False))
 
 
 def test_segment_check_hand_made_cases():

@@ -65,8 +65,10 @@ def test_identical_trajectories_collapse_into_one_chain_with_summed_weights():
 
 def test_orthogonal_trajectories_branch_at_depth_one():
     L = 5
-    a = np.zeros((L, 2)); a[:, 0] = 1.0
-    b = np.zeros((L, 2)); b[:, 1] = 1.0
+    a = np.zeros((L, 2))
+    a[:, 0] = 1.0
+    b = np.zeros((L, 2))
+    b[:, 1] = 1.0
     tree = TrajectoryAggregationTree(state_dim=2, merge_threshold=0.1)
     tree.integrate(np.stack([a, b, a]))
     assert len(tree.root.children) == 2

@@ -19,7 +19,7 @@ def _assert_same_tree(t_new: fast.TrajectoryAggregationTree, t_ref: ref.Trajecto
         np.testing.assert_array_equal(a.state, b.state)
         assert a.value == b.value and a.count == b.count and a.steps == b.steps
         assert len(a.children) == len(b.children)
-        stack.extend(zip(a.children, b.children))
+        stack.extend(zip(a.children, b.children, strict=False))
     assert n == t_new.n_nodes() == t_ref.n_nodes()
 
 
@@ -113,8 +113,10 @@ def test_issue_cases_match_reference(order_seed):
         t_ref.integrate(x)
         _assert_same_tree(t_new, t_ref)
     same = np.repeat((np.linspace(0.1, 1.0, 18).reshape(6, 3) + 0.5)[None], 5, axis=0)
-    a = np.zeros((5, 2)); a[:, 0] = 1.0
-    b = np.zeros((5, 2)); b[:, 1] = 1.0
+    a = np.zeros((5, 2))
+    a[:, 0] = 1.0
+    b = np.zeros((5, 2))
+    b[:, 1] = 1.0
     for x, D, thr in ((same, 3, 1e-6), (np.stack([a, b, a]), 2, 0.1), (np.zeros((4, 5, 2)), 2, 5e-4)):
         t_new = fast.TrajectoryAggregationTree(state_dim=D, lambda_=0.9, merge_threshold=thr)
         t_ref = ref.TrajectoryAggregationTree(state_dim=D, lambda_=0.9, merge_threshold=thr)

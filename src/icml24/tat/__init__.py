@@ -1,9 +1,24 @@
 """TAT: Trajectory Aggregation Tree over a Diffuser planner (arXiv 2405.17879), in a numpy point-mass maze."""
 
-from icml24.tat.diffuser import (GaussianDiffusion, LimitsNormalizer, MLPDenoiser, TemporalUnet,
-                                 cosine_beta_schedule, train_diffuser)
-from icml24.tat.maze import (LAYOUTS, MAZE_NAMES, Maze, MazeDataset, PointMaze2D, collect_dataset, expert_return,
-                             plan_infeasible, segments_cross_walls)
+from icml24.tat.diffuser import (
+    GaussianDiffusion,
+    LimitsNormalizer,
+    MLPDenoiser,
+    TemporalUnet,
+    cosine_beta_schedule,
+    train_diffuser,
+)
+from icml24.tat.maze import (
+    LAYOUTS,
+    MAZE_NAMES,
+    Maze,
+    MazeDataset,
+    PointMaze2D,
+    collect_dataset,
+    expert_return,
+    plan_infeasible,
+    segments_cross_walls,
+)
 from icml24.tat.planner import DiffuserPlanner, EpisodeResult, execute_plan
 from icml24.tat.tree import TrajectoryAggregationTree, TreeNode, aggregate_plan, medoid_index
 

@@ -16,6 +16,7 @@ Claims (issue 19, fixed before the first full run), bootstrap 95% CIs over plans
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -256,50 +257,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                              for k in ("infeasible", "success", "score")} for a in arms})
     summ = rec.summary()
 
-    checks: list[ClaimCheck] = []
-    n_pool = len(per_plan(None, "tat", "infeasible"))
-    for base in ("vanilla", "medoid"):
-        checks.append(paired_check(
-            name=f"(1) TAT's infeasible-plan rate is below {base}'s (pooled over mazes)", metric="infeasible",
-            method=per_plan(None, "tat", "infeasible"), baseline=per_plan(None, base, "infeasible"),
-            method_arm="tat", baseline_arm=base, direction="<=", threshold=-STRICT, kind="claim", bootstrap=True,
-            paper_value="TAT resists infeasible/unsafe sampled plans (stochastic risks)",
-            detail=f"{n_pool} paired plans; rates tat={np.mean(per_plan(None, 'tat', 'infeasible')):.3f}, "
-                   f"{base}={np.mean(per_plan(None, base, 'infeasible')):.3f}"))
-    for mz in cfg.mazes:
-        checks.append(paired_check(
-            name=f"(2) {mz}: TAT's normalised score is no lower than vanilla's", metric=f"{mz}_score",
-            method=per_plan(mz, "tat", "score"), baseline=per_plan(mz, "vanilla", "score"), method_arm="tat",
-            baseline_arm="vanilla", direction=">=", threshold=0.0, kind="claim", bootstrap=True,
-            paper_value="performance boosting in 100% of tasks",
-            detail=f"success tat={np.mean(per_plan(mz, 'tat', 'success')):.3f}, "
-                   f"vanilla={np.mean(per_plan(mz, 'vanilla', 'success')):.3f}"))
-    checks.append(paired_check(
-        name=f"(3) TAT with {cfg.fast_steps}/{cfg.n_timesteps} denoising steps scores no lower than vanilla with "
-             f"{cfg.n_timesteps} (pooled)", metric="score", method=per_plan(None, "tat_fast", "score"),
-        baseline=per_plan(None, "vanilla", "score"), method_arm="tat_fast", baseline_arm="vanilla",
-        direction=">=", threshold=0.0, kind="claim", bootstrap=True,
-        paper_value="tolerance margin for sample quality: > 3x acceleration"))
-    # negative control: the same tree with a random branch choice must not pass claim (1)
-    neg = paired_check(name="neg", metric="infeasible", method=per_plan(None, "tat_random", "infeasible"),
-                       baseline=per_plan(None, "vanilla", "infeasible"), direction="<=", threshold=-STRICT,
-                       kind="mechanism", bootstrap=True)
-    checks.append(ClaimCheck(
-        name="negative control: claim (1) rejects TAT with a random branch choice (CI upper end >= 0)",
-        metric="infeasible", measured=float(neg.ci_high), threshold=-STRICT, direction=">=", kind="sanity",
-        method_arm="tat_random", baseline_arm="vanilla", detail=neg.detail))
-    for mz in cfg.mazes:
-        sv = float(np.mean(per_plan(mz, "vanilla", "success")))
-        checks.append(ClaimCheck(
-            name=f"{mz}: vanilla success < {cfg.sanity_success} (room to improve)", metric=f"{mz}_success",
-            measured=sv, threshold=cfg.sanity_success, direction="<=", kind="sanity", method_arm="vanilla",
-            detail=f"{len(per_plan(mz, 'vanilla', 'success'))} episodes"))
     batch_rate = float(np.mean([x for k in evals for x in evals[k]["extra"]["batch_infeasible"]]))
-    tat_rate = float(np.mean(per_plan(None, "tat", "infeasible")))
-    checks.append(ClaimCheck(
-        name="TAT's infeasible rate <= the batch's average rate (aggregation acts as a consensus)",
-        metric="infeasible", measured=tat_rate - batch_rate, threshold=0.0, direction="<=", kind="mechanism",
-        method_arm="tat", detail=f"tat={tat_rate:.4f}, mean over all N samples={batch_rate:.4f}"))
+    checks = build_checks(cfg, per_plan, batch_rate)
 
     # rliable IQM over episodes (runs) x mazes (tasks), normalised score / 100
     iqm = _iqm({a: np.array([per_plan(mz, a, "score") for mz in cfg.mazes]).T / 100.0 for a in MAIN_ARMS},
@@ -327,6 +286,73 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     }
     del summ
     return rec.finish(checks, artifacts=artifacts, extra=extra)
+
+
+def claim_names(cfg: Config) -> dict[str, list[str] | str]:
+    """The claims' names: ``infeasible`` (the two pooled claims (1)), ``score`` per maze (2), ``fast`` (3)."""
+    return {"infeasible": [f"(1) TAT's infeasible-plan rate is below {base}'s (pooled over mazes)"
+                           for base in ("vanilla", "medoid")],
+            **{f"score/{mz}": f"(2) {mz}: TAT's normalised score is no lower than vanilla's" for mz in cfg.mazes},
+            "fast": f"(3) TAT with {cfg.fast_steps}/{cfg.n_timesteps} denoising steps scores no lower than vanilla "
+                    f"with {cfg.n_timesteps} (pooled)"}
+
+
+def build_checks(cfg: Config, per_plan: Callable[[str | None, str, str], list[float]], batch_rate: float
+                 ) -> list[ClaimCheck]:
+    """Every check of the run from the per-plan outcomes (``per_plan(maze or None for pooled, arm, metric)``).
+
+    Guards (schema 3): the negative control guards the two infeasibility claims (1), whose statistic it
+    applies; each maze's "room to improve" check guards only that maze's score claim (2), so a maze where vanilla
+    already succeeds voids nothing of another maze; the pooled claims (1) and (3) are guarded by no per-maze check.
+    """
+    names = claim_names(cfg)
+    checks: list[ClaimCheck] = []
+    n_pool = len(per_plan(None, "tat", "infeasible"))
+    for base, name in zip(("vanilla", "medoid"), names["infeasible"], strict=True):
+        checks.append(paired_check(
+            name=name, metric="infeasible",
+            method=per_plan(None, "tat", "infeasible"), baseline=per_plan(None, base, "infeasible"),
+            method_arm="tat", baseline_arm=base, direction="<=", threshold=-STRICT, kind="claim", bootstrap=True,
+            paper_value="TAT resists infeasible/unsafe sampled plans (stochastic risks)",
+            detail=f"{n_pool} paired plans; rates tat={np.mean(per_plan(None, 'tat', 'infeasible')):.3f}, "
+                   f"{base}={np.mean(per_plan(None, base, 'infeasible')):.3f}"))
+    for mz in cfg.mazes:
+        checks.append(paired_check(
+            name=names[f"score/{mz}"], metric=f"{mz}_score",
+            method=per_plan(mz, "tat", "score"), baseline=per_plan(mz, "vanilla", "score"), method_arm="tat",
+            baseline_arm="vanilla", direction=">=", threshold=0.0, kind="claim", bootstrap=True,
+            paper_value="performance boosting in 100% of tasks",
+            detail=f"success tat={np.mean(per_plan(mz, 'tat', 'success')):.3f}, "
+                   f"vanilla={np.mean(per_plan(mz, 'vanilla', 'success')):.3f}"))
+    checks.append(paired_check(
+        name=names["fast"], metric="score", method=per_plan(None, "tat_fast", "score"),
+        baseline=per_plan(None, "vanilla", "score"), method_arm="tat_fast", baseline_arm="vanilla",
+        direction=">=", threshold=0.0, kind="claim", bootstrap=True,
+        paper_value="tolerance margin for sample quality: > 3x acceleration"))
+    # negative control: the same tree with a random branch choice must not pass claim (1)
+    neg = paired_check(name="neg", metric="infeasible", method=per_plan(None, "tat_random", "infeasible"),
+                       baseline=per_plan(None, "vanilla", "infeasible"), direction="<=", threshold=-STRICT,
+                       kind="mechanism", bootstrap=True)
+    checks.append(ClaimCheck(
+        name="negative control: claim (1) rejects TAT with a random branch choice (CI upper end >= 0)",
+        metric="infeasible", measured=float(neg.ci_high), threshold=-STRICT, direction=">=", kind="sanity",
+        method_arm="tat_random", baseline_arm="vanilla", guards=list(names["infeasible"]),
+        detail="negative control: a variant the paper's argument says must fail, here the same tree with a random "
+               f"branch choice, must be rejected by claim (1)'s statistic (it guards the two claims (1)). {neg.detail}"))
+    for mz in cfg.mazes:
+        sv = float(np.mean(per_plan(mz, "vanilla", "success")))
+        checks.append(ClaimCheck(
+            name=f"{mz}: vanilla success < {cfg.sanity_success} (room to improve)", metric=f"{mz}_success",
+            measured=sv, threshold=cfg.sanity_success, direction="<=", kind="sanity", method_arm="vanilla",
+            guards=[names[f"score/{mz}"]],
+            detail=f"the regime: vanilla Diffuser must leave room to improve on {mz} (it guards {mz}'s score claim "
+                   f"only). {len(per_plan(mz, 'vanilla', 'success'))} episodes"))
+    tat_rate = float(np.mean(per_plan(None, "tat", "infeasible")))
+    checks.append(ClaimCheck(
+        name="TAT's infeasible rate <= the batch's average rate (aggregation acts as a consensus)",
+        metric="infeasible", measured=tat_rate - batch_rate, threshold=0.0, direction="<=", kind="mechanism",
+        method_arm="tat", detail=f"tat={tat_rate:.4f}, mean over all N samples={batch_rate:.4f}"))
+    return checks
 
 
 def _extra_mean(cfg: Config, evals: dict, maze: str, key: str) -> float:
