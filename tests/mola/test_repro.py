@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,9 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from icml24.common.progress import set_quiet
+from icml24.common.results import ClaimCheck, verdict
 from icml24.mola.experiment import (
     ARMS,
+    CLAIMS,
+    MOLA_ARMS,
     N_TASKS,
+    TUNING_GUARDS,
     Config,
     arm_grid,
     cosine_gap,
@@ -24,6 +31,7 @@ from icml24.mola.experiment import (
     stratified_batches,
     task_sum_ce,
     train_arm,
+    tune_arm,
 )
 
 
@@ -41,18 +49,20 @@ def test_quick_run_outputs_and_check_kinds(quick_result):
     assert (out / "report.md").exists()
     assert {"per_domain_accuracy.png", "gate_embeddings.png"} <= set(res.artifacts)
     assert set(res.summary) == set(ARMS)
-    assert [c.kind for c in res.claim_checks] == ["claim", "claim", "sanity", "mechanism"]
-    for c in res.claim_checks:  # every check is a paired interval over the seeds of this run
+    n_tuning = sum(1 + (a in MOLA_ARMS) for a in TUNING_GUARDS)
+    assert [c.kind for c in res.claim_checks] == ["claim", "claim", "sanity", "mechanism"] + ["sanity"] * n_tuning
+    for c in res.claim_checks[:4]:  # every comparison is a paired interval over the seeds of this run
         d = [r["metrics"][c.method_arm][c.metric] - r["metrics"][c.baseline_arm][c.metric] for r in res.per_seed]
         assert c.measured == pytest.approx(float(np.mean(d)))
         assert c.n == 2 and c.ci_low <= c.measured <= c.ci_high
         assert c.passed == (c.ci_low >= c.threshold)
-    grad, twd, conflict, gates = res.claim_checks
+    grad, twd, conflict, gates = res.claim_checks[:4]
     assert (grad.method_arm, grad.baseline_arm, twd.method_arm, twd.baseline_arm) == (
         "mola_grad", "hps", "mola_router_twd", "hps")
     assert (conflict.method_arm, conflict.baseline_arm, conflict.threshold) == ("stl", "hps", 2.0)
     assert [c.threshold for c in (grad, twd, gates)] == [0.0, 0.0, 0.1]
-    assert res.verdict["claims_total"] == 2 and res.verdict["mechanisms_total"] == 1
+    v = res.verdict  # schema 3: claims_total counts the claims no failed guard voids
+    assert v["claims_total"] + v["claims_void"] == 2 and v["mechanisms_total"] == 1
     if not conflict.passed:  # no conflict, no verdict
         assert res.label.startswith("inconclusive")
 
@@ -97,6 +107,72 @@ def test_every_arm_gets_the_same_lr_grid_and_mola_arms_the_same_alpha_grid():
     assert all(v == sorted(cfg.lrs) for v in lrs.values())
     for a in ("mola_grad", "mola_router", "mola_router_twd"):
         assert len(arm_grid(a, cfg)) == len(cfg.lrs) * len(cfg.alpha_over_r)
+    flat = {a: tune_arm(a, cfg, lambda lr, al: [50.0, 51.0, 49.0]) for a in ARMS}  # a flat curve: no extension
+    for a, t in flat.items():
+        assert t["lr"].declared == list(cfg.lrs) and t["lr"].max_extra == cfg.grid_extra and not t["lr"].extensions
+        assert (t["alpha_over_r"] is None) == (a not in MOLA_ARMS)
+        if t["alpha_over_r"] is not None:
+            assert t["alpha_over_r"].declared == list(cfg.alpha_over_r) and t["alpha_over_r"].max_extra == cfg.grid_extra
+
+
+def test_tune_arm_tunes_lr_inside_alpha_and_extends_both_grids():
+    calls = []
+
+    def point(lr, a):  # validation accuracy peaks at lr = 1e-2 for every α/r, and at α/r = 8 (past the grid's top)
+        calls.append((lr, a))
+        base = 90.0 - 20.0 * (math.log10(lr) + 2) ** 2 - 5.0 * (math.log2(a) - 3) ** 2
+        return [base + e for e in (-0.1, 0.0, 0.1)]
+
+    cfg = Config(grid_extra=2)
+    t = tune_arm("mola_grad", cfg, point)
+    a = t["alpha_over_r"]
+    assert a.extensions == [16.0] and a.value == 4.0 and a.ok and a.grid == [1.0, 4.0, 16.0]  # 4 and 16 tie at 8
+    assert set(t["lr_per_alpha"]) == {1.0, 4.0, 16.0} and t["lr"] is t["lr_per_alpha"][4.0]
+    assert all(x.value == pytest.approx(1e-2) and x.ok and not x.extensions for x in t["lr_per_alpha"].values())
+    assert len(calls) == len(set(calls)) == 3 * len(cfg.lrs)  # every (lr, α/r) trained once
+    # an lr that keeps improving past the top of the grid extends it, up to grid_extra points
+    t = tune_arm("hps", Config(grid_extra=1), lambda lr, al: [math.log10(lr) + e for e in (-0.01, 0.0, 0.01)])
+    assert t["alpha_over_r"] is None and t["lr"].extensions == [pytest.approx(9e-2)] and not t["lr"].ok
+
+
+def test_quick_run_writes_schema3_that_the_shared_checker_accepts(quick_result):
+    _, out = quick_result
+    checker = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
+    if not checker.exists():
+        pytest.skip("the shared checker is not beside this checkout")
+    spec = importlib.util.spec_from_file_location("check_results", checker)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.check(str(out / "results.json")) is None
+    extra = json.loads((out / "results.json").read_text())["extra"]
+    for arm in ARMS:  # every tuning (and its extensions) is recorded
+        t = extra["tuning"][arm]
+        assert t["lr"]["picked"] == extra["tuned"][arm]["lr"] and len(t["lr"]["extensions"]) <= 1
+        assert (t["alpha_over_r"] is None) == (arm not in MOLA_ARMS)
+
+
+def test_quick_guards_name_exactly_their_claims(quick_result):
+    res, _ = quick_result
+    grad, twd, conflict, _gates, *tuning = res.claim_checks
+    assert (grad.name, twd.name) == (CLAIMS["mola_grad"], CLAIMS["mola_router_twd"])
+    assert conflict.guards == [] and conflict.detail.startswith("the regime:")  # the regime guards every claim
+    assert all(c.detail.startswith("tuning:") and c.guards == TUNING_GUARDS[c.method_arm] for c in tuning)
+    assert {c.method_arm for c in tuning} == {"hps", "mola_grad", "mola_router_twd"}
+    failed = {c.name for c in res.checks("sanity") if not c.passed}
+    for c in (grad, twd):
+        assert c.void_by == sorted(s.name for s in res.checks("sanity")
+                                   if s.name in failed and (not s.guards or c.name in s.guards))
+
+    def sanity(c, ok):
+        return ClaimCheck(name=c.name, metric=c.metric, measured=float(ok), threshold=1.0, direction=">=",
+                          kind="sanity", guards=c.guards)
+    # a MoLA-Grad tuning check that fails voids only the MoLA-Grad claim; HPS's voids both
+    for arm, void in (("mola_grad", [True, False]), ("mola_router_twd", [False, True]), ("hps", [True, True])):
+        checks = [grad, twd, sanity(conflict, True), *(sanity(c, c.method_arm != arm) for c in tuning)]
+        v = verdict(checks)
+        assert [bool(c.void_by) for c in checks[:2]] == void and v["claims_void"] == sum(void)
+    checks = [grad, twd, sanity(conflict, False), *(sanity(c, True) for c in tuning)]
+    assert verdict(checks)["label"].startswith("inconclusive (0/2 testable)")
 
 
 def test_same_seed_same_numbers():
@@ -142,6 +218,9 @@ def test_gate_separability_metrics():
     (dict(tau=0.0), "tau must be a finite number > 0"),
     (dict(lrs=(1e-3, 0.0)), "lrs"),
     (dict(alpha_over_r=()), "alpha_over_r"),
+    (dict(alpha_over_r=(4.0,)), "alpha_over_r must hold >= 2"),
+    (dict(lrs=(1e-3, 1e-3)), "lrs must hold >= 2"),
+    (dict(grid_extra=-1), "grid_extra"),
     (dict(swaps=6), "swaps"),
 ])
 def test_config_validation(kw, match):

@@ -14,16 +14,22 @@ the same series has different labels in different domains. Every arm starts from
 - ``mola_router``: HPS + MoLA experts mixed by ``softmax(router(x))`` (an MLP router on the raw input);
 - ``mola_router_twd``: ``mola_router`` + the Task-wise Decorrelation loss on the router embedding.
 
-Tuning: every arm's lr is chosen from the same grid, and every MoLA arm's α/r from the same grid, on the validation
-split (mean over seeds of the mean per-domain accuracy); test accuracy is reported at the chosen setting.
+Tuning (``common.tuning.tune_grid``, on the validation split's mean per-domain accuracy, one replicate per seed):
+every arm's lr from the same grid ``lrs``; every MoLA arm's α/r from the same grid ``alpha_over_r`` by a second
+``tune_grid`` whose evaluation, at each α/r, tunes the lr (the joint (lr, α/r) search as lr inside α/r). Each grid
+may add up to ``grid_extra`` points past an edge that keeps winning, the same budget for every arm and knob; no
+natural bound. Test accuracy is reported at the chosen setting.
 Claims: MoLA-Grad > HPS and MoLA-Router+TwD > HPS (paired 95% t intervals over seeds). Mechanism: TwD makes the
-router's gates separate the domains (+0.1 nearest-centroid domain accuracy over MoLA-Router).
+router's gates separate the domains (+0.1 nearest-centroid domain accuracy over MoLA-Router). Sanity (schema 3):
+the domains conflict (guards both claims); each claim arm's tuning is inside its grids (guards the claims the arm
+is in).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +47,7 @@ from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult
 from icml24.common.seeding import numpy_generator, seed_everything, torch_generator
+from icml24.common.tuning import Tuned, tune_grid, tuning_check
 from icml24.mola.layers import MoLAModel, Router, apply_mola
 from icml24.mola.twd import twd_loss
 
@@ -66,9 +73,13 @@ class Config(ExperimentConfig):
     epochs: int = field(default=15, metadata={"help": "multi-domain training epochs per arm"})
     rank: int = field(default=4, metadata={"help": "r, LoRA rank of every expert (official README stage ranks 4)"})
     lrs: tuple[float, ...] = field(default=(3e-3, 1e-2, 3e-2), metadata={
-        "help": "η grid (AdamW), the same for every arm, tuned on validation"})
+        "help": "η grid (AdamW), the same for every arm, tuned on validation (tune_grid, log scale; >= 2 values)"})
     alpha_over_r: tuple[float, ...] = field(default=(1.0, 4.0), metadata={
-        "help": "α/r grid of every MoLA arm (official α = 16 with r = 4: α/r = 4), tuned on validation"})
+        "help": "α/r grid of every MoLA arm (official α = 16 with r = 4: α/r = 4), tuned on validation (tune_grid, "
+                "log scale, the lr tuned at each value; >= 2 values)"})
+    grid_extra: int = field(default=2, metadata={
+        "help": "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets the "
+                "same budget"})
     router_experts: int = field(default=4, metadata={
         "help": "E of MoLA-Router (official VLCS/OfficeHome n_expert = #domains = 4); MoLA-Grad uses E = #tasks"})
     router_hidden: int = field(default=32, metadata={"help": "router MLP width 40→h→E on the raw input"})
@@ -91,6 +102,10 @@ class Config(ExperimentConfig):
         v.integer(w, "embed_dim", self.embed_dim, minimum=0)
         v.each(w, "lrs", self.lrs, v.positive)
         v.each(w, "alpha_over_r", self.alpha_over_r, v.positive)
+        for name in ("lrs", "alpha_over_r"):
+            if len(set(getattr(self, name))) < 2:
+                raise ValueError(f"{w}: {name} must hold >= 2 distinct values (tune_grid), got {getattr(self, name)!r}")
+        v.integer(w, "grid_extra", self.grid_extra, minimum=0)
         v.positive(w, "tau", self.tau)
         for name in ("twd_weight", "weight_decay", "offset", "conflict_margin"):
             v.non_negative(w, name, getattr(self, name))
@@ -100,8 +115,8 @@ class Config(ExperimentConfig):
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(seeds=(0, 1), num_samples=2000, hidden=64, pretrain_epochs=4, epochs=6, lrs=(3e-3,),
-                   alpha_over_r=(4.0,))
+        return cls(seeds=(0, 1), num_samples=2000, hidden=64, pretrain_epochs=4, epochs=6, lrs=(3e-3, 1e-2),
+                   alpha_over_r=(1.0, 4.0), grid_extra=1)
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -319,8 +334,66 @@ def train_arm(arm: str, data: Domains, cfg: Config, seed: int, *, backbone: nn.M
 
 
 def arm_grid(arm: str, cfg: Config) -> list[tuple[float, float]]:
-    """The (lr, α/r) settings tried for ``arm``: lrs × α/r for MoLA arms, lrs for HPS/STL (no α)."""
+    """The declared (lr, α/r) grid of ``arm`` (before :func:`tune_arm`'s extensions): lrs × α/r for MoLA arms, lrs
+    for HPS/STL (no α)."""
     return [(lr, a) for lr in cfg.lrs for a in (cfg.alpha_over_r if arm in MOLA_ARMS else (cfg.alpha_over_r[0],))]
+
+
+Point = Callable[[float, float], list[float]]
+
+
+def tune_arm(arm: str, cfg: Config, point: Point) -> dict[str, Any]:
+    """Tune ``arm`` on validation with :func:`tune_grid`: the lr from ``cfg.lrs`` and, for a MoLA arm, α/r from
+    ``cfg.alpha_over_r`` by an outer ``tune_grid`` whose evaluation tunes the lr at each α/r (lr inside α/r).
+
+    ``point(lr, alpha_over_r)`` trains the arm at that setting on every seed and returns the per-seed validation mean
+    accuracy (the replicate units). Both grids are log scale, extend by their own ratio up to ``cfg.grid_extra``
+    points past an edge that beats its neighbour by > 1 SE, and have no natural bound (α/r -> 0 would be HPS, but
+    the grid does not reach it). Returns ``{"lr": Tuned, "alpha_over_r": Tuned | None, "lr_per_alpha": {α/r:
+    Tuned}}`` with ``lr`` the lr tuning at the picked α/r.
+    """
+    per_alpha: dict[float, Tuned] = {}
+
+    def tune_lr(a: float) -> Tuned:
+        if a not in per_alpha:
+            per_alpha[a] = tune_grid(lambda lrs: [point(lr, a) for lr in lrs], cfg.lrs, score="val_mean_acc",
+                                     maximize=True, log=True, max_extra=cfg.grid_extra)
+        return per_alpha[a]
+
+    if arm not in MOLA_ARMS:
+        return {"lr": tune_lr(cfg.alpha_over_r[0]), "alpha_over_r": None, "lr_per_alpha": per_alpha}
+    outer = tune_grid(lambda alphas: [tune_lr(a).at("val_mean_acc") for a in alphas], cfg.alpha_over_r,
+                      score="val_mean_acc", maximize=True, log=True, max_extra=cfg.grid_extra)
+    return {"lr": per_alpha[outer.value], "alpha_over_r": outer, "lr_per_alpha": per_alpha}
+
+
+def _tuned_record(t: Tuned) -> dict[str, Any]:
+    return {"picked": t.value, "grid": t.grid, "declared": t.declared, "extensions": t.extensions, "ok": t.ok,
+            "max_extra": t.max_extra, "val_mean_acc": {f"{v:g}": t.mean(v) for v in t.grid}}
+
+
+CLAIMS = {"mola_grad": "MoLA-Grad > HPS (mean test accuracy over domains)",
+          "mola_router_twd": "MoLA-Router+TwD > HPS (mean test accuracy over domains)"}
+# which claims each arm's tuning check guards (the claims the arm is in); STL (the conflict check's arm: an
+# under-tuned STL only makes that check harder to pass) and MoLA-Router (the mechanism's arm) get none
+TUNING_GUARDS = {"hps": [CLAIMS["mola_grad"], CLAIMS["mola_router_twd"]], "mola_grad": [CLAIMS["mola_grad"]],
+                 "mola_router_twd": [CLAIMS["mola_router_twd"]]}
+
+
+def tuning_checks(tuning: dict[str, dict[str, Any]]) -> list[ClaimCheck]:
+    """One ``tuning_check`` per tuned knob of each claim arm, guarding the claims that arm is in."""
+    out = []
+    for arm, guards in TUNING_GUARDS.items():
+        for knob in ("lr", "alpha_over_r"):
+            t = tuning[arm][knob]
+            if t is None:
+                continue
+            what = "lr" if knob == "lr" else "α/r"
+            out.append(tuning_check(
+                name=f"tuning: {ARM_LABELS[arm]}'s {what} inside its grid", tuned=t, threshold=1.0, arm=arm,
+                guards=guards, detail=f"tuning: {ARM_LABELS[arm]}'s {what} picked on validation is inside its "
+                                      "(extended) grid, so the claims it is in compare tuned arms"))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- plots
@@ -369,49 +442,61 @@ def _plot_gates(gates: dict[str, np.ndarray], t: np.ndarray, accs: dict[str, flo
 def run(cfg: Config, out_dir: Path) -> RunResult:
     rec = RunRecorder(SLUG, cfg, out_dir)
     out_dir = Path(out_dir)
-    # results[arm][(lr, a)][seed] -> train_arm output
-    results: dict[str, dict[tuple[float, float], dict[int, dict[str, Any]]]] = {
-        a: {hp: {} for hp in arm_grid(a, cfg)} for a in ARMS}
-    first_t: np.ndarray | None = None
-    for seed in progress(cfg.seeds, desc=SLUG):
-        data = make_domains(seed=seed, num_samples=cfg.num_samples, offset=cfg.offset,
-                            swaps=cfg.swaps).to(cfg.device)
-        backbone = pretrained_backbone(data, cfg, seed)
-        for arm in ARMS:
-            for lr, a in arm_grid(arm, cfg):
-                res = train_arm(arm, data, cfg, seed, backbone=backbone, lr=lr, alpha_over_r=a)
-                if seed != cfg.seeds[0]:
-                    res.pop("gates_test", None)
-                results[arm][(lr, a)][seed] = res
-        if seed == cfg.seeds[0]:
-            first_t = data.t_test.cpu().numpy()
-    val = {a: {hp: float(np.mean([results[a][hp][s]["metrics"]["val_mean_acc"] for s in cfg.seeds]))
-               for hp in arm_grid(a, cfg)} for a in ARMS}
-    best = {a: max(arm_grid(a, cfg), key=lambda hp: val[a][hp]) for a in ARMS}
+    datas = {seed: make_domains(seed=seed, num_samples=cfg.num_samples, offset=cfg.offset,
+                                swaps=cfg.swaps).to(cfg.device) for seed in cfg.seeds}
+    backbones = {seed: pretrained_backbone(datas[seed], cfg, seed) for seed in cfg.seeds}
+    # results[arm][(lr, a)][seed] -> train_arm output (every setting tune_grid evaluated)
+    results: dict[str, dict[tuple[float, float], dict[int, dict[str, Any]]]] = {a: {} for a in ARMS}
+
+    def point_of(arm: str) -> Point:
+        def point(lr: float, a: float) -> list[float]:
+            if (lr, a) not in results[arm]:
+                runs = {}
+                for seed in cfg.seeds:
+                    res = train_arm(arm, datas[seed], cfg, seed, backbone=backbones[seed], lr=lr, alpha_over_r=a)
+                    if seed != cfg.seeds[0]:
+                        res.pop("gates_test", None)
+                    runs[seed] = res
+                results[arm][(lr, a)] = runs
+            return [results[arm][(lr, a)][s]["metrics"]["val_mean_acc"] for s in cfg.seeds]
+        return point
+
+    tuning = {arm: tune_arm(arm, cfg, point_of(arm)) for arm in progress(ARMS, desc=SLUG)}
+    best = {a: (t["lr"].value, t["alpha_over_r"].value if t["alpha_over_r"] else cfg.alpha_over_r[0])
+            for a, t in tuning.items()}
+    first_t = datas[cfg.seeds[0]].t_test.cpu().numpy()
     for seed in cfg.seeds:
         rec.add_seed(seed, {a: results[a][best[a]][seed]["metrics"] for a in ARMS})
     s = rec.summary()
     tuned = "; ".join(f"{ARM_LABELS[a]}: lr={best[a][0]:g}" + (f", α/r={best[a][1]:g}" if a in MOLA_ARMS else "")
                       for a in ARMS)
+    conflict = rec.paired(name=f"setup: the domains conflict (STL ≥ HPS + {cfg.conflict_margin:g} points)",
+                          metric="mean_acc", method_arm="stl", baseline_arm="hps", direction=">=",
+                          threshold=cfg.conflict_margin, kind="sanity")
+    conflict.detail = ("the regime: single-task models beat the shared model, i.e. the domains conflict, the setting "
+                       "the paper's hypothesis is about (guards every claim). " + conflict.detail
+                       + f"; STL's lr: {tuning['stl']['lr'].describe()}")
+    gates = rec.paired(name="TwD makes gates task-separable (+0.1 nearest-centroid domain acc)",
+                       metric="gate_task_acc", method_arm="mola_router_twd", baseline_arm="mola_router",
+                       direction=">=", threshold=0.1, kind="mechanism",
+                       paper_value="TwD router weights cluster by task (qualitative figure)",
+                       detail="MoLA-Router's lr: " + tuning["mola_router"]["lr"].describe() + "; its α/r: "
+                              + tuning["mola_router"]["alpha_over_r"].describe())
     checks: list[ClaimCheck] = [
-        rec.paired(name="MoLA-Grad > HPS (mean test accuracy over domains)", metric="mean_acc",
+        rec.paired(name=CLAIMS["mola_grad"], metric="mean_acc",
                    method_arm="mola_grad", baseline_arm="hps", direction=">=", threshold=0.0, kind="claim",
                    paper_value="MoLA-Grad > HPS on VLCS/OfficeHome/MedMNIST", detail=f"tuned on validation: {tuned}"),
-        rec.paired(name="MoLA-Router+TwD > HPS (mean test accuracy over domains)", metric="mean_acc",
+        rec.paired(name=CLAIMS["mola_router_twd"], metric="mean_acc",
                    method_arm="mola_router_twd", baseline_arm="hps", direction=">=", threshold=0.0, kind="claim",
                    paper_value="MoLA-Router(+TwD) > HPS on VLCS/OfficeHome/MedMNIST"),
-        rec.paired(name=f"setup: the domains conflict (STL ≥ HPS + {cfg.conflict_margin:g} points)",
-                   metric="mean_acc", method_arm="stl", baseline_arm="hps", direction=">=",
-                   threshold=cfg.conflict_margin, kind="sanity",
-                   detail="single-task models beat the shared model: the regime the paper's hypothesis is about"),
+        conflict,
         # TwD's loss optimises this separation directly: a property of the method, not a comparison with HPS
-        rec.paired(name="TwD makes gates task-separable (+0.1 nearest-centroid domain acc)", metric="gate_task_acc",
-                   method_arm="mola_router_twd", baseline_arm="mola_router", direction=">=", threshold=0.1,
-                   kind="mechanism", paper_value="TwD router weights cluster by task (qualitative figure)"),
+        gates,
+        *tuning_checks(tuning),
     ]
     arts = [_plot_accuracy(s, out_dir / "per_domain_accuracy.png")]
     first = {a: results[a][best[a]][cfg.seeds[0]] for a in ("mola_router", "mola_router_twd")}
-    if first_t is not None and all("gates_test" in r for r in first.values()):
+    if all("gates_test" in r for r in first.values()):
         arts.append(_plot_gates({a: r["gates_test"].numpy() for a, r in first.items()}, first_t,
                                 {a: r["metrics"]["gate_task_acc"] for a, r in first.items()}, cfg.seeds[0],
                                 out_dir / "gate_embeddings.png"))
@@ -420,9 +505,15 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                        ("mola_router", "mola_router_twd"), ("hps", "stl")):
         d = [r["metrics"][meth]["mean_acc"] - r["metrics"][base]["mean_acc"] for r in rec.per_seed]
         paired[f"{meth}-{base}"] = {"per_seed": d, "mean": float(np.mean(d)), "min": float(np.min(d))}
-    grid = {a: {f"lr={hp[0]:g},alpha_over_r={hp[1]:g}": val[a][hp] for hp in arm_grid(a, cfg)} for a in ARMS}
+    grid = {a: {f"lr={hp[0]:g},alpha_over_r={hp[1]:g}": float(np.mean(
+        [results[a][hp][sd]["metrics"]["val_mean_acc"] for sd in cfg.seeds])) for hp in sorted(results[a])}
+        for a in ARMS}
     return rec.finish(checks, artifacts=arts, extra={
         "paired_mean_acc_differences": paired, "tuned": {a: {"lr": best[a][0], "alpha_over_r": best[a][1]}
                                                          for a in ARMS},
+        "tuning": {a: {"lr": _tuned_record(t["lr"]),
+                       "alpha_over_r": _tuned_record(t["alpha_over_r"]) if t["alpha_over_r"] else None,
+                       "lr_per_alpha": {f"{k:g}": _tuned_record(v) for k, v in t["lr_per_alpha"].items()}}
+                   for a, t in tuning.items()},
         "validation_mean_acc_grid": grid, "label_maps": label_maps(swaps=cfg.swaps).tolist(),
         "domains": list(DOMAINS), "arms": list(ARMS)})
