@@ -31,7 +31,6 @@ from icml24.private_density import (
 )
 from icml24.private_density.experiment import Config
 
-
 _X1 = np.full((4, 1), 0.5)
 
 

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from icml24.private_density.experiment import Config, run, theory_slope
+from icml24.private_density.experiment import (
+    KAPPA_GRID,
+    Config,
+    calibrate_kappa_priv,
+    run,
+    theory_slope,
+    tune_kappa_priv,
+)
+
+CHECKER = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
 
 
 @pytest.fixture(scope="module")
@@ -21,17 +32,19 @@ def test_outputs_written(quick):
     data = json.loads((out / "results.json").read_text())
     assert data["mode"] == "quick" and data["slug"] == "private_density"
     assert (out / "report.md").exists() and (out / "mise_vs_n.png").exists() and (out / "cutoff_vs_n.png").exists()
-    # closed form, one slope check per (d, beta), the constant-cost regime, three adaptivity checks
-    assert len(res.claim_checks) == 1 + 2 + 1 + 3
+    # closed form, one slope check per (d, beta), three adaptivity checks (the constant-cost regime is in the
+    # slopes' details: it conditions no claim)
+    assert len(res.claim_checks) == 1 + 2 + 3
     assert all(np.isfinite(c.measured) for c in res.claim_checks)
 
 
 def test_checks_are_labelled_and_the_lepskii_claim_has_a_ci(quick):
-    """The closed form and the rate slopes are mechanisms, the constant-cost regime and the privacy-naive cutoffs
-    are sanity checks, and only the adaptivity of private Lepskii votes, as a per-seed log-ratio to the oracle."""
+    """The closed form and the rate slopes are mechanisms, the privacy-naive cutoffs are sanity checks (negative
+    controls of the claim), and only the adaptivity of private Lepskii votes, as a per-seed log-ratio to the
+    oracle."""
     res, _ = quick
     kinds = [(c.name.split(" ")[0], c.kind) for c in res.claim_checks]
-    assert kinds == [("C1", "mechanism")] + [("C2", "mechanism")] * 2 + [("C2", "sanity")] + [
+    assert kinds == [("C1", "mechanism")] + [("C2", "mechanism")] * 2 + [
         ("C3", "claim"), ("C3", "sanity"), ("C3", "sanity")]
     (claim,) = res.checks("claim")
     per_seed = [np.log(r["metrics"]["lepskii_private"]["worst_ratio_to_oracle"]) for r in res.per_seed]
@@ -85,3 +98,39 @@ def test_scaled_rho_holds_the_privacy_cost_and_c1_is_recorded(quick):
     ratios = res.extra["closed_form_ratio_mean_over_seeds"]
     assert len(ratios) == 2 * len(cfg.dims) * len(cfg.betas) * len(cfg.n_grid)
     assert c1.measured == pytest.approx(max(abs(v - 1) for v in ratios.values())) and c1.measured < 0.35
+
+
+def test_results_file_is_schema_3_and_passes_the_shared_checker(quick):
+    res, out = quick
+    d = json.loads((out / "results.json").read_text())
+    assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
+    if CHECKER.exists():
+        spec = importlib.util.spec_from_file_location("check_results", CHECKER)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        assert mod.check(str(out / "results.json")) is None
+
+
+def test_the_negative_controls_guard_the_claim_and_the_c2_regime_votes_on_nothing(quick):
+    res, _ = quick
+    (claim,) = res.checks("claim")
+    for c in res.checks("sanity"):
+        assert c.guards == [claim.name] and c.detail.startswith("negative control:")
+    assert claim.void_by == sorted(c.name for c in res.checks("sanity") if not c.passed)
+    regime = res.extra["c2_regime"]
+    assert regime["holds"] == (regime["cost_band_factor"] <= Config.quick().cost_band)
+    for c in res.claim_checks:
+        if c.name.startswith("C2"):
+            assert c.kind == "mechanism" and "regime (not a vote" in c.detail
+
+
+def test_kappa_calibration_is_picked_by_tune_grid_on_the_held_out_density():
+    cfg = Config.quick()
+    t = tune_kappa_priv(cfg)
+    table = calibrate_kappa_priv(cfg)
+    assert t.declared == list(KAPPA_GRID) and t.score == "worst_ratio" and len(t.extensions) <= cfg.grid_extra
+    assert t.value == min(KAPPA_GRID, key=lambda k: table[k]["worst"]) and t.ok  # one unit: the argmin, inside
+    assert t.at("worst_ratio") == [table[t.value]["worst"]]
+    # kappa only post-processes the same release: a value scored alone gets the score it has within the grid
+    alone = calibrate_kappa_priv(cfg, kappa_grid=(2.0,))
+    assert alone[2.0] == table[2.0]

@@ -27,6 +27,7 @@ from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult
 from icml24.common.seeding import numpy_generator, seed_everything
 from icml24.common.stats import one_sample_ci
+from icml24.common.tuning import Tuned, tune_grid
 from icml24.private_density.projection import (
     CALIBRATED_KAPPA_PRIV,
     ZCDP,
@@ -84,6 +85,9 @@ class Config(ExperimentConfig):
         "this]"))
     closed_form_tol: float = field(default=0.1, metadata=_h(
         "C1: |empirical oracle MISE / closed form - 1| <= this in every cell (notes §5 C1: 10%)"))
+    grid_extra: int = field(default=2, metadata=_h(
+        "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets the same "
+        "budget (used by tune_kappa_priv, the held-out calibration of kappa_2; the run itself tunes nothing)"))
     lepskii_factor: float = field(default=3.0, metadata=_h("claim C3: private Lepskii / oracle MISE <= this"))
     naive_factor: float = field(default=5.0, metadata=_h("claim C3: privacy-naive / oracle MISE >= this"))
 
@@ -105,6 +109,7 @@ class Config(ExperimentConfig):
         val.in_range(w, "cost_target", self.cost_target, 1.0, math.inf, low_open=True)
         val.in_range(w, "cost_band", self.cost_band, 1.0, math.inf, low_open=True)
         val.positive(w, "closed_form_tol", self.closed_form_tol)
+        val.integer(w, "grid_extra", self.grid_extra, minimum=0)
         val.in_range(w, "lepskii_factor", self.lepskii_factor, 1.0, math.inf, low_open=True)
         val.in_range(w, "naive_factor", self.naive_factor, 1.0, math.inf, low_open=True)
 
@@ -220,7 +225,11 @@ def _cell(cfg: Config, dens: TrigDensity, d: int, n: int, pieces: dict[int, dict
     return res
 
 
-def calibrate_kappa_priv(cfg: Config, *, kappa_grid: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
+KAPPA_GRID: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+"""The kappa_2 grid of the held-out calibration (README: kappa_2 = 2 was picked on it and frozen)."""
+
+
+def calibrate_kappa_priv(cfg: Config, *, kappa_grid: tuple[float, ...] = KAPPA_GRID,
                          beta: float = 1.0, seed: int = 1000) -> dict[float, dict[str, float]]:
     """Held-out calibration of kappa_2 (notes §8: calibrate once, freeze): on a density with a beta and a
     seed that the reproduction grid does not use, the worst and median ratio (median ISE of private Lepskii
@@ -239,6 +248,24 @@ def calibrate_kappa_priv(cfg: Config, *, kappa_grid: tuple[float, ...] = (1.0, 1
                         ratios[k].append(c["median_ise_by_kappa"][k] / c["median_ise"]["oracle"])
     return {k: {"worst": max(v, default=math.nan), "median": float(np.median(v)) if v else math.nan,
                 "cells": len(v)} for k, v in ratios.items()}
+
+
+def tune_kappa_priv(cfg: Config, *, kappa_grid: tuple[float, ...] = KAPPA_GRID, beta: float = 1.0,
+                    seed: int = 1000) -> Tuned:
+    """The held-out calibration's pick of kappa_2, made by ``common.tuning.tune_grid`` (issue 26).
+
+    The score is the calibration's own: the worst ratio (median ISE of private Lepskii / of the oracle) over the
+    held-out density's privacy-dominated cells, one number per kappa (one unit, so the pick is its argmin), and
+    an edge that keeps winning extends the (geometric) grid by up to ``cfg.grid_extra`` points. Each evaluation
+    redraws the same data sets and noise (the generator is seeded by ``seed``; kappa only post-processes the
+    release), so extended values are scored on the very releases of the declared grid. The run does not call
+    this: it uses the frozen ``cfg.kappa_priv`` (notes §8: calibrate once, freeze), which this reproduces.
+    """
+    def evaluate(kappas: list[float]) -> list[dict[str, list[float]]]:
+        table = calibrate_kappa_priv(cfg, kappa_grid=tuple(kappas), beta=beta, seed=seed)
+        return [{"worst_ratio": [table[k]["worst"]], "median_ratio": [table[k]["median"]]} for k in kappas]
+
+    return tune_grid(evaluate, kappa_grid, score="worst_ratio", maximize=False, log=True, max_extra=cfg.grid_extra)
 
 
 def _slope(ns: list[int], mise: list[float]) -> float:
@@ -324,6 +351,19 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         detail=f"{len(rel)} cells (fixed rho and scaled rho_n), {reps} reps each ({cfg.samples_per_cell} data sets x "
                f"{cfg.noise_draws} noise draws x {len(cfg.seeds)} seeds); ratios empirical/closed form in "
                f"[{min(rel.values()):.3f}, {max(rel.values()):.3f}], worst {worst_cell}"))
+    costs = [c["scaled"]["measured_cost"] for sd in cfg.seeds for c in cells[sd]]
+    lo, hi = cfg.cost_target / cfg.cost_band, cfg.cost_target * cfg.cost_band
+    worst = max(costs, key=lambda x: max(x / cfg.cost_target, cfg.cost_target / x))
+    # The C2 regime (the scaled-rho series stays at the target cost, measured, not closed form, in every cell)
+    # conditions only the C2 mechanisms, no claim; a sanity check cannot guard no claim (guards=[] means every
+    # claim), so it is reported in each C2 mechanism's detail and in extra, never a vote (issue 26).
+    regime_factor = max(worst / cfg.cost_target, cfg.cost_target / worst)
+    regime_ok = bool(regime_factor <= cfg.cost_band)
+    regime_note = (f"regime (not a vote: conditions only the C2 mechanisms): measured privacy cost within "
+                   f"x{cfg.cost_band:g} of {cfg.cost_target:g} at every n: {'yes' if regime_ok else 'NO'} (worst "
+                   f"factor {regime_factor:.3g} over {len(costs)} cells in [{min(costs):.3g}, {max(costs):.3g}], "
+                   f"band [{lo:.3g}, {hi:.3g}]; measured cost = empirical MISE of the oracle at rho_n / empirical "
+                   f"MISE of the non-private oracle, same data sets)")
     for d in cfg.dims:
         for beta in cfg.betas:
             key = f"d{d}_b{beta:g}"
@@ -340,19 +380,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                 detail=f"slope {mean_slope:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}] (per seed "
                        f"{', '.join(f'{v:.3f}' for v in vals)}) vs theory {th:.3f}; rho_n sets the closed-form "
                        f"privacy cost to {cfg.cost_target:g} at every n; schema-1 fixed-rho slope over the "
-                       f"privacy-dominated n: {np.mean(fixed):.3f}"))
-    costs = [c["scaled"]["measured_cost"] for sd in cfg.seeds for c in cells[sd]]
-    lo, hi = cfg.cost_target / cfg.cost_band, cfg.cost_target * cfg.cost_band
-    worst = max(costs, key=lambda x: max(x / cfg.cost_target, cfg.cost_target / x))
-    # regime: the scaled-rho series stays at the target cost (measured, not closed form) in every cell
-    checks.append(ClaimCheck(
-        name=f"C2 regime: measured privacy cost stays within x{cfg.cost_band:g} of {cfg.cost_target:g} at every n",
-        metric="cost_band_factor", measured=max(worst / cfg.cost_target, cfg.cost_target / worst),
-        threshold=cfg.cost_band, direction="<=", kind="sanity", method_arm="oracle_scaled",
-        baseline_arm="nonprivate_oracle",
-        detail=f"measured cost = empirical MISE of the oracle at rho_n / empirical MISE of the non-private oracle, "
-               f"same data sets; over {len(costs)} cells in [{min(costs):.3g}, {max(costs):.3g}] (band "
-               f"[{lo:.3g}, {hi:.3g}])"))
+                       f"privacy-dominated n: {np.mean(fixed):.3f}; {regime_note}"))
     dom_all = [c for sd in cfg.seeds for c in cells[sd] if c["privacy_dominated"]]
 
     def ratios(arm: str) -> list[float]:
@@ -361,8 +389,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     lep = ratios("lepskii_private")
     # the adaptivity claim: per seed, log(worst privacy-dominated cell's median-ISE ratio to the oracle)
     # (the oracle's own ratio is 1), its mean and 95% CI against log(lepskii_factor)
+    c3 = "C3 private Lepskii within 3x of oracle MISE (worst privacy-dominated cell)"
     checks.append(rec.paired(
-        name="C3 private Lepskii within 3x of oracle MISE (worst privacy-dominated cell)",
+        name=c3,
         metric="worst_ratio_to_oracle", method_arm="lepskii_private", baseline_arm="oracle", direction="<=",
         threshold=float(np.log(cfg.lepskii_factor)), log_ratio=True, kind="claim",
         paper_value="adaptive up to log factor",
@@ -375,9 +404,12 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         checks.append(ClaimCheck(
             name=f"C3 {label} >= 5x worse than oracle (best privacy-dominated cell)",
             metric="best_ratio_to_oracle", measured=min(r) if r else math.nan, threshold=cfg.naive_factor,
-            direction=">=", kind="sanity", baseline_arm="oracle", method_arm=arm,
+            direction=">=", kind="sanity", baseline_arm="oracle", method_arm=arm, guards=[c3],
             paper_value="privacy-naive cutoffs drown in noise",
-            detail=f"median-ISE ratio over {len(r)} cells x seeds: min {min(r, default=math.nan):.3g}, "
+            detail=f"negative control: a variant the paper's argument says must fail, here the {label} (a cutoff "
+                   f"chosen without the privacy noise), must be far from the oracle in every privacy-dominated "
+                   f"cell, or the C3 claim does not tell adaptivity to privacy apart. Median-ISE ratio over "
+                   f"{len(r)} cells x seeds: min {min(r, default=math.nan):.3g}, "
                    f"median {np.median(r) if r else math.nan:.3g}"))
 
     artifacts = _plots(cfg, cells, Path(out_dir))
@@ -385,7 +417,12 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     return rec.finish(checks, artifacts=artifacts, extra={
         "ratio_definition": "median ISE of the arm / median ISE of the oracle-cutoff arm, same data sets",
         "cells": table, "slopes": per_seed_slopes, "slopes_fixed_rho": per_seed_fixed,
-        "closed_form_ratio_mean_over_seeds": rel})
+        "closed_form_ratio_mean_over_seeds": rel,
+        "c2_regime": {"cost_band_factor": regime_factor, "cost_band": cfg.cost_band, "holds": regime_ok,
+                      "min_cost": min(costs), "max_cost": max(costs)},
+        "tuning": {"kappa_priv": {"value": cfg.kappa_priv, "frozen": True,
+                                  "how": "tune_kappa_priv(cfg): tune_grid on the held-out calibration (beta=1, "
+                                         "seed 1000), worst ratio to the oracle; not run here"}}})
 
 
 def _plots(cfg: Config, cells: dict[int, list[dict]], out_dir: Path) -> list[Path]:
