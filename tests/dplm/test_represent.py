@@ -1,5 +1,5 @@
-"""Representations: pooled features, frozen probes, fine-tuning shapes and behaviour, the grid-interior sanity
-check, and the peptide loader's labels and splits."""
+"""Representations: pooled features, frozen probes, fine-tuning shapes and behaviour, the lr tuning checks
+(tune_grid cells, their guards), and the peptide loader's labels and splits."""
 
 from __future__ import annotations
 
@@ -7,10 +7,18 @@ import numpy as np
 import pytest
 import torch
 
+from icml24.common.results import paired_check
+from icml24.common.tuning import tune_grid
 from icml24.dplm import build_esm, encode
-from icml24.dplm.experiment import composition, grid_interior_check
-from icml24.dplm.represent import (FineTuned, fine_tune, fine_tuned_accuracy, linear_probe_accuracy,
-                                   pooled_features, residue_mask)
+from icml24.dplm.experiment import Config, composition, tuning_checks
+from icml24.dplm.represent import (
+    FineTuned,
+    fine_tune,
+    fine_tuned_accuracy,
+    linear_probe_accuracy,
+    pooled_features,
+    residue_mask,
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +56,7 @@ def test_fine_tune_learns_and_leaves_the_pretrained_net_untouched(net):
     before = [p.detach().clone() for p in net.parameters()]
     model = fine_tune(net, encode(seqs), torch.as_tensor(y), task="sequence", n_classes=2, lr=3e-3, steps=40,
                       batch_size=16, generator=torch.Generator().manual_seed(0))
-    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
     s_te, y_te = _toy(64, 8, 1)
     assert fine_tuned_accuracy(model, encode(s_te), torch.as_tensor(y_te)) >= 90.0
     # per-residue labels with −1 ignored: residue class = (residue is K or R)
@@ -86,10 +94,35 @@ def test_composition_is_a_distribution_over_the_20_amino_acids():
     assert c[0].max() == pytest.approx(2 / 3)
 
 
-def test_grid_interior_check_fails_on_edge_picks():
-    grid = (1e-3, 2e-3, 4e-3)
-    ok = grid_interior_check(name="x", picks={"a": 2e-3, "b": 2e-3, "c": 4e-3}, grid=grid, threshold=0.5)
-    assert ok.kind == "sanity" and ok.passed and ok.measured == pytest.approx(2 / 3)
-    edge = grid_interior_check(name="x", picks={"a": 4e-3, "b": 4e-3, "c": 2e-3}, grid=grid, threshold=0.5)
-    assert not edge.passed and edge.measured == pytest.approx(1 / 3) and "'a'" in edge.detail
-    assert not grid_interior_check(name="x", picks={"a": 1e-3}, grid=(1e-3,), threshold=0.5).passed
+def _cell(best: float, max_extra: int = 0):
+    """A tuned lr cell on the grid {1e-3, 2e-3, 4e-3} whose validation loss is smallest at ``best``."""
+    return tune_grid(lambda lrs: [[abs(np.log(lr / best))] for lr in lrs], (1e-3, 2e-3, 4e-3), maximize=False,
+                     max_extra=max_extra)
+
+
+def _claim(name: str, metric: str, baseline: str = "mlm"):
+    return paired_check(name=name, metric=metric, method=[1.0, 2.0, 3.0], baseline=[0.0, 1.0, 1.5],
+                        direction=">=", method_arm="dplm", baseline_arm=baseline)
+
+
+def test_tuning_checks_count_cells_inside_and_extend_past_a_winning_edge():
+    cfg = Config(interior_min_fraction=0.5)
+    claims = [_claim("gen", "loglik"), _claim("ft", "ss_ft", "ar")]
+    ok, = tuning_checks(cfg, claims, {"dplm": _cell(2e-3), "mlm": _cell(2e-3), "ar": _cell(4e-3)}, None)
+    assert ok.kind == "sanity" and ok.passed and ok.measured == pytest.approx(2 / 3) and "['ar']" in ok.detail
+    assert ok.detail.startswith("tuning:")
+    edge, = tuning_checks(cfg, claims, {"dplm": _cell(4e-3), "mlm": _cell(4e-3), "ar": _cell(2e-3)}, None)
+    assert not edge.passed and edge.measured == pytest.approx(1 / 3)
+    # with an extension budget, the edge that keeps winning is extended by the grid's ratio and found inside
+    t = _cell(8e-3, max_extra=2)
+    assert t.extensions == pytest.approx([8e-3, 1.6e-2]) and t.value == pytest.approx(8e-3) and t.ok
+
+
+def test_the_pretraining_check_guards_every_claim_and_the_fine_tuning_check_only_the_fine_tuned_ones():
+    cfg = Config(interior_min_fraction=0.5)
+    claims = [_claim("gen", "loglik"), _claim("probe", "probe_acc", "ar"), _claim("ss", "ss_ft"),
+              _claim("pep", "pep_ft", "ar")]
+    cells = {a: _cell(2e-3) for a in ("dplm", "mlm", "ar")}
+    pre, ft = tuning_checks(cfg, claims, cells, {f"{a}:ss_ft": _cell(4e-3) for a in ("dplm", "mlm", "ar")})
+    assert pre.guards == ["gen", "probe", "ss", "pep"] and ft.guards == ["ss", "pep"]
+    assert pre.passed and not ft.passed and ft.detail.startswith("tuning:")

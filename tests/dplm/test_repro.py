@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from icml24.dplm.experiment import Config, run
+from icml24.common.results import ClaimCheck, verdict
+from icml24.common.tuning import tune_grid
+from icml24.dplm.experiment import FINE_TUNED_METRICS, PLAUSIBLE, Config, run, tuning_checks
+
+CHECKER = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +36,16 @@ def test_quick_run_writes_a_complete_result(quick):
         assert (out / name).stat().st_size > 1000
     assert set(d["extra"]["tuning"]) == {"dplm", "mlm", "ar"}
     cfg = Config.quick()
-    assert all(t["lr"] in cfg.lr_grid and len(t["val_loss"]) == len(cfg.lr_grid) for t in d["extra"]["tuning"].values())
+    assert d["schema_version"] == 3 and d["extra"]["grid_extra"] == cfg.grid_extra
     ft = d["extra"]["fine_tune_tuning"]
     assert set(ft) == {f"{a}:{m}" for a in ("dplm", "mlm", "ar") for m in ("ss_ft", "pep_ft")}
-    assert all(t["lr"] in cfg.ft_lr_grid for t in ft.values())
+    for records, grid, key in ((d["extra"]["tuning"], cfg.lr_grid, "val_loss"), (ft, cfg.ft_lr_grid, "val_acc")):
+        for t in records.values():
+            # the declared grid, plus at most grid_extra extensions past its edges by the grid's ratio
+            assert t["declared"] == pytest.approx(list(grid)) and len(t["extensions"]) <= cfg.grid_extra
+            assert sorted(t["declared"] + t["extensions"]) == pytest.approx(t["grid"])
+            assert t["lr"] == t["picked"] and any(t["picked"] == pytest.approx(g) for g in t["grid"])
+            assert len(t[key]) == len(t["grid"])
 
 
 def test_checks_are_labelled_and_paired(quick):
@@ -42,11 +55,13 @@ def test_checks_are_labelled_and_paired(quick):
     assert claims == {("dplm", "loglik", "mlm"), ("dplm", "probe_acc", "mlm"), ("dplm", "probe_acc", "ar"),
                       ("dplm", "scaffold_success", "mlm"), ("guided", "helix_gain", None),
                       ("guided", "loglik_drop", None), ("adapter", "ss_agreement", "dplm"),
-                      *((("dplm", m, b) for m in ("pep_probe", "ss_ft", "pep_ft") for b in ("mlm", "ar")))}
+                      *(("dplm", m, b) for m in ("pep_probe", "ss_ft", "pep_ft") for b in ("mlm", "ar"))}
     assert kinds[("guided", "unrealisable_loglik_drop", None)] == kinds[("ar", "ar_excess_nll", None)] == "sanity"
     assert kinds[("dplm", "pep_probe", "random")] == kinds[("dplm", "probe_acc", "random")] == "mechanism"
-    interior = [c for c in res.claim_checks if c.metric == "interior_fraction"]
+    interior = [c for c in res.claim_checks if c.metric == "tuned_inside_fraction"]
     assert len(interior) == 2 and all(c.kind == "sanity" for c in interior)
+    assert all(c.detail.split(":")[0] in ("tuning", "the regime", "negative control")
+               for c in res.claim_checks if c.kind == "sanity")
     c = next(c for c in res.claim_checks if c.metric == "loglik" and c.method_arm == "dplm" and c.baseline_arm == "mlm")
     d = [r["metrics"]["dplm"]["loglik"] - r["metrics"]["mlm"]["loglik"] for r in res.per_seed]
     assert c.measured == pytest.approx(sum(d) / len(d)) and c.n == 2
@@ -65,7 +80,7 @@ def test_config_rejects_bad_values(kw, msg):
 
 def test_tuning_run_at_the_full_budget_is_seed_zeros_model():
     """With tune_steps == steps the picked tuning run is reused for seed 0, and retraining gives the same weights."""
-    from icml24.dplm.experiment import _train, _train_arms, grammar_data, tune_lrs, ARMS
+    from icml24.dplm.experiment import ARMS, _train, _train_arms, grammar_data, tune_lrs
 
     cfg = Config(seeds=(0,), length=16, n_train=64, n_val=16, n_test=16, hidden=16, layers=1, heads=2, steps=4,
                  tune_steps=4, warmup=1, batch_size=8, lr_grid=(1e-3, 4e-3, 1.6e-2), probe_train=16,
@@ -73,8 +88,42 @@ def test_tuning_run_at_the_full_budget_is_seed_zeros_model():
     data = grammar_data(cfg, 0)
     cache = {}
     tuning = tune_lrs(cfg, data, cache)
-    lrs = {k: t["lr"] for k, t in tuning.items()}
+    lrs = {k: t.value for k, t in tuning.items()}
     nets = _train_arms(cfg, data, lrs, 0, cache)
     assert all(nets[a] is cache[(a, lrs[a], 4, 0)] for a in ARMS)
     again = _train(cfg, ARMS["dplm"], data["train"], lr=lrs["dplm"], steps=4, seed=0)
-    assert all(torch.equal(p, q) for p, q in zip(again.parameters(), nets["dplm"].parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(again.parameters(), nets["dplm"].parameters(), strict=True))
+
+
+@pytest.mark.skipif(not CHECKER.exists(), reason="the shared checker is not beside this checkout")
+def test_the_shared_checker_accepts_the_quick_result(quick):
+    _, out = quick
+    spec = importlib.util.spec_from_file_location("check_results", CHECKER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.check(str(out / "results.json")) is None
+
+
+def test_guards_void_exactly_the_claims_they_name(quick):
+    """A failed fine-tuning tuning check voids the fine-tuned claims and nothing else; the failed negative
+    control of guidance voids only the plausibility claim."""
+    res, _ = quick
+    checks = [ClaimCheck.from_dict(dataclasses.asdict(c)) for c in res.claim_checks]
+    claims = [c for c in checks if c.kind == "claim"]
+    edge = tune_grid(lambda lrs: [[lr] for lr in lrs], (1e-3, 2e-3, 4e-3), max_extra=0)  # the top keeps winning
+    inside = tune_grid(lambda lrs: [[-abs(lr - 2e-3)] for lr in lrs], (1e-3, 2e-3, 4e-3), max_extra=0)
+    pre, ft = tuning_checks(Config.quick(), claims, {a: inside for a in ("dplm", "mlm", "ar")},
+                            {f"{a}:{m}": edge for a in ("dplm", "mlm", "ar") for m in sorted(FINE_TUNED_METRICS)})
+    assert pre.passed and not ft.passed
+    others = [c for c in checks if c.kind != "sanity"]
+    v = verdict(others + [pre, ft])
+    void = {c.name for c in claims if c.void}
+    assert void == {c.name for c in claims if c.metric in FINE_TUNED_METRICS} and len(void) == 4
+    assert v["claims_void"] == 4 and v["claims_total"] == len(claims) - 4
+    control = next(c for c in checks if c.name.startswith("the plausibility bound rejects"))
+    assert control.guards == [PLAUSIBLE]
+    control.measured = control.threshold - 1.0
+    failed = ClaimCheck.from_dict({**dataclasses.asdict(control), "ci_low": None, "ci_high": None})
+    assert not failed.passed
+    verdict(others + [pre, failed])
+    assert {c.name for c in claims if c.void} == {PLAUSIBLE}

@@ -131,7 +131,7 @@ def peptide_split(name: str = "AMPvsUniProt", *, seed: int, max_length: int,
         raise ValueError(f"{OWNER}: fractions must be two positive numbers summing to < 1, got {fractions!r}")
     raw, raw_labels = peptides(name)
     by_seq: dict[str, set[int]] = {}
-    for s, y in zip(raw, raw_labels):
+    for s, y in zip(raw, raw_labels, strict=False):
         by_seq.setdefault(s[:max_length], set()).add(int(y))
     # duplicates would leak between the splits: keep each (cropped) peptide once, drop those with both labels
     seqs = [s for s, ys in by_seq.items() if len(ys) == 1]

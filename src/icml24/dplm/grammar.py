@@ -99,7 +99,7 @@ class ProteinGrammar:
             else:
                 B[j] = _set_emission(MOTIF[i], self.eps / 2)
         pi = np.zeros(S)
-        for k, q in zip(("C", "H", "E"), self.start_probs):
+        for k, q in zip(("C", "H", "E"), self.start_probs, strict=False):
             pi[index[(k, 0)]] = q
         state_type = np.array([TYPES.index(k) for k, _ in states])
         ss_of_type = np.array([SS_CLASSES.index("C"), SS_CLASSES.index("H"), SS_CLASSES.index("E"),
