@@ -9,7 +9,15 @@ import torch
 from torch import nn
 
 from icml24.common.nets import MLP, TinyViT
-from icml24.spikezip_tf import RateIFNeuron, convert, quantize, quantizers, rate_convert, rate_simulate, simulate
+from icml24.spikezip_tf import (
+    RateIFNeuron,
+    convert,
+    quantize,
+    quantizers,
+    rate_convert,
+    rate_simulate,
+    simulate,
+)
 
 
 def _mlp() -> tuple[nn.Module, torch.Tensor]:

@@ -13,12 +13,16 @@ from icml24.spikezip_tf.qann import (
     calibrate,
     check_activations,
     check_mask,
+    check_supported,
+    hf_head,
     is_hf_encoder,
+    is_hf_vit,
     quantize,
     quantizers,
 )
 from icml24.spikezip_tf.ratecode import RateCodedModel, RateIFNeuron, rate_convert, rate_simulate
 from icml24.spikezip_tf.snn import (
+    AnnHead,
     SimulationResult,
     SpikeConv2d,
     SpikeLinear,
@@ -37,9 +41,9 @@ from icml24.spikezip_tf.snn import (
 from icml24.spikezip_tf.text import MaskedAttention, TextBlock, TinyTextEncoder
 
 __all__ = [
-    "NONLINEAR_ACTIVATIONS", "QAttention", "QSelfAttention", "Quantizer", "is_hf_encoder", "additive_mask", "calibrate", "check_activations", "check_mask",
+    "NONLINEAR_ACTIVATIONS", "QAttention", "QSelfAttention", "Quantizer", "is_hf_encoder", "is_hf_vit", "hf_head", "additive_mask", "calibrate", "check_activations", "check_mask", "check_supported",
     "quantize", "quantizers",
-    "SimulationResult", "SpikeConv2d", "SpikeLinear", "SpikeMatmul", "SpikingAttention", "SpikingLayerNorm",
+    "AnnHead", "SimulationResult", "SpikeConv2d", "SpikeLinear", "SpikeMatmul", "SpikingAttention", "SpikingLayerNorm",
     "SpikingModel", "SpikingSelfAttention", "SpikingSoftmax", "STBIFNeuron", "convert", "count_macs", "register_runner", "simulate",
     "MaskedAttention", "TextBlock", "TinyTextEncoder",
     "RateCodedModel", "RateIFNeuron", "rate_convert", "rate_simulate",

@@ -23,8 +23,9 @@ from torch import nn
 
 from icml24.common import validate as val
 
-__all__ = ["Quantizer", "QAttention", "QSelfAttention", "is_hf_encoder", "quantize", "calibrate", "quantizers", "additive_mask", "check_mask",
-           "check_activations", "NONLINEAR_ACTIVATIONS"]
+__all__ = ["Quantizer", "QAttention", "QSelfAttention", "is_hf_encoder", "is_hf_vit", "hf_base_model", "ann_head_paths",
+           "quantize", "insert_quantizers", "calibrate", "quantizers", "additive_mask", "check_mask", "check_activations", "check_supported",
+           "NONLINEAR_ACTIVATIONS"]
 
 #: activation modules that a spiking network cannot reproduce (only ReLU, merged into an unsigned quantizer, can)
 NONLINEAR_ACTIVATIONS: tuple[type[nn.Module], ...] = (
@@ -34,13 +35,21 @@ NONLINEAR_ACTIVATIONS: tuple[type[nn.Module], ...] = (
 )
 
 
-def check_activations(model: nn.Module, *, who: str = "spikezip_tf") -> None:
+def _under(name: str, paths: tuple[str, ...] | frozenset[str]) -> bool:
+    """``name`` is one of ``paths`` or inside one of them."""
+    return any(name == p or name.startswith(p + ".") for p in paths)
+
+
+def check_activations(model: nn.Module, *, who: str = "spikezip_tf", exclude: tuple[str, ...] = ()) -> None:
     """Raise ``TypeError`` naming the first activation module that is not ``nn.ReLU``.
 
     ``nn.ReLU6`` counts as non-ReLU (its upper clip is not part of the unsigned quantizer). Activations called
-    functionally inside a ``forward`` cannot be seen here.
+    functionally inside a ``forward`` cannot be seen here. Modules under the paths in ``exclude`` (the ANN heads
+    of :func:`ann_head_paths`, e.g. a BERT pooler's Tanh) are not checked.
     """
     for name, m in model.named_modules():
+        if exclude and _under(name, exclude):
+            continue
         if isinstance(m, NONLINEAR_ACTIVATIONS):
             raise TypeError(
                 f"{who}: module '{name}' is {type(m).__name__}; only nn.ReLU activations can be converted to "
@@ -187,12 +196,12 @@ class QAttention(nn.Module):
 
 
 class QSelfAttention(nn.Module):
-    """Quantized Hugging Face BERT/RoBERTa self-attention (official ``QRobertaSelfAttention`` layout):
+    """Quantized Hugging Face BERT/RoBERTa/ViT self-attention (official ``QRobertaSelfAttention`` layout):
 
     ``q, k, v = Q_q(query(h)), Q_k(key(h)), Q_v(value(h))`` (signed); ``A = Q_attn(softmax(q k^T / sqrt(d) + M))``
     (unsigned); ``context = Q_after(A v)`` (signed). Drop-in for ``BertSelfAttention`` / ``RobertaSelfAttention``
-    inside the model's own forward (returns ``(context, A)``); ``M`` is the additive or boolean mask the model
-    builds from ``attention_mask``. Submodule names follow the official checkpoints (``query_quan, key_quan,
+    / ``ViTSelfAttention`` inside the model's own forward (returns ``(context, A)``); ``M`` is the additive or
+    boolean mask the model builds from ``attention_mask`` (none for ViT). Submodule names follow the official checkpoints (``query_quan, key_quan,
     value_quan, attn_quan, after_attn_quan``).
 
     NOTE(deviation): ``after_attn_quan`` is signed here; the official RoBERTa code makes it unsigned, which
@@ -211,7 +220,8 @@ class QSelfAttention(nn.Module):
         self.all_head_size = self.num_attention_heads * self.attention_head_size
         self.scaling = float(getattr(attn, "scaling", self.attention_head_size ** -0.5))
         self.query, self.key, self.value = attn.query, attn.key, attn.value
-        self.dropout = getattr(attn, "dropout", nn.Identity())
+        dropout = getattr(attn, "dropout", None)  # BERT: an nn.Dropout; HF ViT: only the probability
+        self.dropout = dropout if isinstance(dropout, nn.Module) else nn.Dropout(float(getattr(attn, "dropout_prob", 0.0)))
         self.query_quan = Quantizer(level=level, sym=True)
         self.key_quan = Quantizer(level=level, sym=True)
         self.value_quan = Quantizer(level=level, sym=True)
@@ -280,6 +290,191 @@ def is_hf_encoder(model: nn.Module) -> bool:
             and isinstance(getattr(enc, "layer", None), nn.ModuleList))
 
 
+def is_hf_vit(model: nn.Module) -> bool:
+    """A Hugging Face ViT encoder (``ViTModel`` layout): ``embeddings.patch_embeddings.projection``,
+    ``embeddings.cls_token`` and ``embeddings.position_embeddings``, ``encoder.layer`` and a final ``layernorm``."""
+    emb, enc = getattr(model, "embeddings", None), getattr(model, "encoder", None)
+    return (isinstance(getattr(getattr(emb, "patch_embeddings", None), "projection", None), nn.Module)
+            and isinstance(getattr(emb, "cls_token", None), torch.Tensor)
+            and isinstance(getattr(emb, "position_embeddings", None), torch.Tensor)
+            and isinstance(getattr(enc, "layer", None), nn.ModuleList)
+            and isinstance(getattr(model, "layernorm", None), nn.Module))
+
+
+#: Hugging Face task wrappers whose head runs on the encoder output as an ANN head (class-name suffixes)
+HF_WRAPPERS = ("ForSequenceClassification", "ForImageClassification")
+
+
+def hf_base_model(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """The Hugging Face encoder of ``model``: ``("", model)`` for a bare ``BertModel`` / ``RobertaModel`` /
+    ``ViTModel`` (by structure), ``(prefix, encoder)`` for a task wrapper that holds one at
+    ``model.base_model_prefix`` (e.g. ``("bert", model.bert)``), else ``None``."""
+    if is_hf_encoder(model) or is_hf_vit(model):
+        return "", model
+    prefix = getattr(model, "base_model_prefix", None)
+    base = getattr(model, prefix, None) if isinstance(prefix, str) and prefix else None
+    if isinstance(base, nn.Module) and (is_hf_encoder(base) or is_hf_vit(base)):
+        return prefix, base
+    return None
+
+
+def hf_head(model: nn.Module) -> tuple[str | None, tuple[str, ...]]:
+    """How the non-spiking head of a Hugging Face model runs: ``(kind, paths)``.
+
+    ``kind`` is ``None`` (no head: a non-HF model or an encoder without pooler), ``"pooler"`` (a bare encoder's
+    ``pooler``: its output is computed from the accumulated CLS state), ``"pooled_linear"`` (BERT-style
+    ``*ForSequenceClassification``: ``classifier(dropout(pooler(h)))``), ``"sequence_head"`` (RoBERTa-style:
+    ``classifier(h)``, a ``RobertaClassificationHead``) or ``"cls_linear"`` (``ViTForImageClassification``:
+    ``classifier(h[:, 0])``). ``paths`` are the head's module paths, which stay real-valued (ANN) modules.
+
+    Raises:
+        TypeError: a Hugging Face task wrapper other than ``*ForSequenceClassification`` (BERT/RoBERTa layout)
+            or ``ViTForImageClassification``.
+    """
+    found = hf_base_model(model)
+    if found is None:
+        return None, ()
+    prefix, base = found
+    pooler = getattr(base, "pooler", None)
+    pooler_path = (f"{prefix}.pooler" if prefix else "pooler") if isinstance(pooler, nn.Module) else None
+    if not prefix:
+        return ("pooler", (pooler_path,)) if pooler_path else (None, ())
+    name = type(model).__name__
+    cls = getattr(model, "classifier", None)
+    supported = ("spikezip_tf: supported Hugging Face models are the bare encoders (BertModel, RobertaModel, "
+                 "ViTModel; with or without pooler), BERT/RoBERTa *ForSequenceClassification and "
+                 "ViTForImageClassification")
+    if not name.endswith(HF_WRAPPERS):
+        raise TypeError(f"spikezip_tf: cannot convert the Hugging Face wrapper {name} (its task head is not "
+                        f"supported); {supported}")
+    extra = tuple(p for p in (pooler_path,) if p)
+    if is_hf_encoder(base) and name.endswith("ForSequenceClassification"):
+        if isinstance(cls, nn.Linear) and pooler_path:
+            drop = ("dropout",) if isinstance(getattr(model, "dropout", None), nn.Module) else ()
+            return "pooled_linear", (pooler_path, *drop, "classifier")
+        if isinstance(cls, nn.Module) and all(isinstance(getattr(cls, n, None), nn.Linear)
+                                              for n in ("dense", "out_proj")):
+            return "sequence_head", ("classifier", *extra)
+    elif is_hf_vit(base) and name.endswith("ForImageClassification") and isinstance(cls, nn.Linear):
+        return "cls_linear", ("classifier", *extra)
+    raise TypeError(f"spikezip_tf: cannot convert {name}: its classifier "
+                    f"({type(cls).__name__}) is not a recognised head; {supported}")
+
+
+def ann_head_paths(model: nn.Module) -> tuple[str, ...]:
+    """Module paths of ``model`` that run as a real-valued ANN head after the spiking encoder (see
+    :func:`hf_head`); empty for every non-Hugging-Face family."""
+    return hf_head(model)[1]
+
+
+def _check_hf_layers(model: nn.Module) -> None:
+    """Raise ``TypeError`` naming the first Hugging Face encoder layer whose layout the runner cannot follow."""
+    found = hf_base_model(model)
+    if found is None:
+        return
+    prefix, base = found
+    pre = f"{prefix}." if prefix else ""
+    if is_hf_encoder(base):
+        if not isinstance(getattr(base.embeddings, "LayerNorm", None), nn.LayerNorm):
+            raise TypeError(f"spikezip_tf: '{pre}embeddings' has no LayerNorm (BERT/RoBERTa embeddings layout)")
+        need = {"attention.self": _is_hf_self_attention, "attention.output": _is_hf_output,
+                "intermediate": _is_hf_intermediate, "output": _is_hf_output}
+        layout = "BERT/RoBERTa layer (attention.self, attention.output, intermediate, output)"
+    else:
+        def is_ln(m: object) -> bool:
+            return isinstance(m, nn.LayerNorm)
+
+        def has_dense(m: object) -> bool:
+            return isinstance(getattr(m, "dense", None), nn.Linear)
+
+        if not isinstance(base.embeddings.patch_embeddings.projection, nn.Conv2d):
+            raise TypeError(f"spikezip_tf: '{pre}embeddings.patch_embeddings.projection' must be an nn.Conv2d")
+        if getattr(base.embeddings, "mask_token", None) is not None:
+            raise TypeError(f"spikezip_tf: '{pre}embeddings.mask_token' (use_mask_token=True) is not supported")
+        if not is_ln(base.layernorm):
+            raise TypeError(f"spikezip_tf: '{pre}layernorm' must be an nn.LayerNorm")
+        need = {"layernorm_before": is_ln, "attention.attention": _is_hf_self_attention,
+                "attention.output": has_dense, "intermediate": _is_hf_intermediate, "output": has_dense,
+                "layernorm_after": is_ln}
+        layout = ("ViT layer (layernorm_before, attention.attention, attention.output, intermediate, output, "
+                  "layernorm_after)")
+    for i, layer in enumerate(base.encoder.layer):
+        for path, ok in need.items():
+            m: object = layer
+            for part in path.split("."):
+                m = getattr(m, part, None)
+            if not ok(m):
+                raise TypeError(f"spikezip_tf: '{pre}encoder.layer.{i}.{path}' is {type(m).__name__}, not part of "
+                                f"a {layout}")
+
+
+#: leaf modules that :func:`convert` turns into spiking ones (plus ``nn.ReLU`` at an FFN activation and DropPath)
+CONVERTIBLE_LEAVES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d, nn.LayerNorm, nn.Embedding, nn.Dropout,
+                                                  nn.Identity)
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise if :func:`quantize` + :func:`convert` cannot turn ``model`` into an exact SNN; changes nothing.
+
+    Checks, on the float model: a spiking runner exists for its type (the families of :func:`quantize` or one
+    added with ``register_runner``); a Hugging Face task head is supported (:func:`hf_head`) and every encoder
+    layer has the layout its runner follows; every leaf module outside the ANN head is convertible
+    (``Linear``, ``Conv2d``, ``LayerNorm``, ``Embedding``, ``Dropout`` / ``DropPath``, ``Identity``) or an FFN
+    activation that is ``nn.ReLU``.
+
+    Raises:
+        TypeError: naming the first unsupported module's path and type (or the model type without a runner).
+    """
+    from icml24.spikezip_tf.snn import _runner_for  # lazy: snn imports this module
+
+    heads = ann_head_paths(model)  # TypeError for an unsupported Hugging Face wrapper
+    _runner_for(model)  # TypeError: no runner for this model type
+    _check_hf_layers(model)
+    acts = set()
+    for name, m in model.named_modules():
+        pre = f"{name}." if name else ""
+        if _is_ffn(m):
+            acts.add(pre + "act")
+        elif _is_hf_intermediate(m):
+            acts.add(pre + "intermediate_act_fn")
+    for name, m in model.named_modules():
+        if _is_hf_self_attention(m) and not _under(name, heads):
+            if getattr(m, "is_decoder", False) or getattr(m, "is_causal", False):
+                raise TypeError(f"spikezip_tf: '{name}' ({type(m).__name__}) is decoder (causal) or cross-attention; "
+                                f"only encoder (bidirectional) self-attention can be converted")
+            if getattr(m, "position_embedding_type", "absolute") not in (None, "absolute"):
+                raise TypeError(f"spikezip_tf: '{name}' uses position_embedding_type="
+                                f"{m.position_embedding_type!r}; only absolute position embeddings are supported")
+        if _under(name, heads) or next(iter(m.children()), None) is not None:
+            continue
+        if name in acts or isinstance(m, NONLINEAR_ACTIVATIONS):
+            if type(m) is not nn.ReLU:
+                raise TypeError(f"spikezip_tf: module '{name}' is {type(m).__name__}; only nn.ReLU activations can "
+                                f"be converted to spikes (build the model with act_layer=nn.ReLU / "
+                                f"hidden_act=\"relu\")")
+        elif type(m) is nn.ReLU:
+            raise TypeError(f"spikezip_tf: module '{name}' is a ReLU outside an FFN (fc1/act/fc2 or "
+                            f"intermediate.intermediate_act_fn); only an FFN's ReLU merges into an unsigned quantizer")
+        elif not (isinstance(m, CONVERTIBLE_LEAVES) or type(m).__name__ == "DropPath"
+                  or type(m) in (nn.Sequential, nn.ModuleList)):
+            raise TypeError(f"spikezip_tf: cannot convert module '{name}' of type {type(m).__name__} (convertible "
+                            f"layers: Linear, Conv2d, LayerNorm, Embedding, Dropout/DropPath, Identity, and nn.ReLU "
+                            f"as an FFN activation)")
+
+
+class _QuantizedOutput(nn.Sequential):
+    """``Sequential(module, Quantizer)`` that still exposes the wrapped module's ``weight`` and ``bias``
+    (Hugging Face's ``ViTModel.forward`` reads ``patch_embeddings.projection.weight.dtype``)."""
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self[0].weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self[0].bias
+
+
 def quantizers(model: nn.Module) -> list[tuple[str, Quantizer]]:
     """All ``(path, Quantizer)`` pairs of ``model`` in module order."""
     return [(n, m) for n, m in model.named_modules() if isinstance(m, Quantizer)]
@@ -300,8 +495,18 @@ def quantize(model: nn.Module, *, level: int, attn_level: int | None = None) -> 
       -> ``Sequential(Q(unsigned), ReLU)``; the ``dense`` of ``attention.output`` and ``output`` ->
       ``Sequential(dense, Q(sym))``; LayerNorms stay unquantized (their spiking versions emit real-valued
       differences, as in the official code).
+    - Hugging Face ViT encoders (``ViTModel`` layout, the timm rules under HF's names): ``attention.attention``
+      -> :class:`QSelfAttention`; ``layernorm_before`` / ``layernorm_after`` / the final ``layernorm`` ->
+      ``Sequential(LN, Q(sym))``; ``intermediate.intermediate_act_fn`` -> ``Sequential(Q(unsigned), ReLU)``;
+      the ``dense`` of ``attention.output`` and ``output`` and ``embeddings.patch_embeddings.projection`` ->
+      ``Sequential(module, Q(sym))``.
+    - Hugging Face heads (:func:`hf_head`): a bare encoder's ``pooler`` (Tanh), and the heads of BERT/RoBERTa
+      ``*ForSequenceClassification`` and ``ViTForImageClassification`` stay real-valued: the SNN runs them as an
+      ANN head on its accumulated encoder output.
 
-    Residual adds, positions, class token, token embeddings and the classifier head stay real-valued.
+    Residual adds, positions, class token, token embeddings and the classifier head stay real-valued. The whole
+    model is checked first (:func:`check_supported`): an unsupported model raises before anything is built, and
+    ``model`` itself is never modified.
 
     Args:
         model: a ReLU transformer of one of the families above (``nn.ReLU`` modules, no GELU).
@@ -309,7 +514,8 @@ def quantize(model: nn.Module, *, level: int, attn_level: int | None = None) -> 
         attn_level: levels of the quantizers inside attention (default ``level``).
 
     Raises:
-        TypeError: a non-ReLU activation module (its path is named), an unsupported attention variant, or a
+        TypeError: a non-ReLU activation module or any other unsupported module (its path and type are named),
+            a model type without a spiking runner, an unsupported Hugging Face head or attention variant, or a
             non-module ``model``.
         ValueError: ``level < 4`` / ``attn_level < 4`` or a model that already holds quantizers.
     """
@@ -318,11 +524,23 @@ def quantize(model: nn.Module, *, level: int, attn_level: int | None = None) -> 
     _check_level(level)
     attn_level = level if attn_level is None else attn_level
     _check_level(attn_level, "attn_level")
-    check_activations(model)
+    heads = ann_head_paths(model)
+    check_activations(model, exclude=heads)
     if quantizers(model):
         raise ValueError("spikezip_tf: model already contains Quantizer modules (quantize it only once)")
+    check_supported(model)
     qann = copy.deepcopy(model)
-    hf = is_hf_encoder(qann)
+    insert_quantizers(qann, level=level, attn_level=attn_level)
+    return qann
+
+
+def insert_quantizers(qann: nn.Module, *, level: int, attn_level: int) -> None:
+    """Insert the quantizers of :func:`quantize` into ``qann`` in place (no support check, no copy)."""
+    found = hf_base_model(qann)
+    base = found[1] if found else qann
+    hf = found is not None and is_hf_encoder(base)
+    vit = found is not None and not hf and is_hf_vit(base)
+    heads = ann_head_paths(qann)
     plan: list[tuple[nn.Module, str, nn.Module]] = []
 
     def relu_of(owner: str, act: object) -> nn.Module:
@@ -331,7 +549,12 @@ def quantize(model: nn.Module, *, level: int, attn_level: int | None = None) -> 
                             f"be converted to spikes")
         return act
 
+    def signed_after(owner: nn.Module, attr: str) -> None:
+        plan.append((owner, attr, nn.Sequential(getattr(owner, attr), Quantizer(level=level, sym=True))))
+
     for name, m in qann.named_modules():
+        if heads and _under(name, heads):
+            continue  # the ANN head stays real-valued
         if _is_qkv_attention(m):
             for extra in ("q_norm", "k_norm"):
                 if not isinstance(getattr(m, extra, nn.Identity()), nn.Identity):
@@ -341,23 +564,28 @@ def quantize(model: nn.Module, *, level: int, attn_level: int | None = None) -> 
         elif _is_hf_self_attention(m):
             parent, attr = _parent(qann, name)
             plan.append((parent, attr, QSelfAttention(attn=m, level=attn_level)))
-        elif hf and _is_hf_intermediate(m):
+        elif (hf or vit) and _is_hf_intermediate(m):
             act = relu_of(f"{name}.intermediate_act_fn", m.intermediate_act_fn)
             plan.append((m, "intermediate_act_fn", nn.Sequential(Quantizer(level=level, sym=False), act)))
         elif hf and _is_hf_output(m):
-            plan.append((m, "dense", nn.Sequential(m.dense, Quantizer(level=level, sym=True))))
+            signed_after(m, "dense")
         elif isinstance(m, nn.LayerNorm) and not hf:
             parent, attr = _parent(qann, name)
             plan.append((parent, attr, nn.Sequential(m, Quantizer(level=level, sym=True))))
         elif _is_ffn(m):
             act = relu_of(f"{name}.act", m.act)
             plan.append((m, "act", nn.Sequential(Quantizer(level=level, sym=False), act)))
-            plan.append((m, "fc2", nn.Sequential(m.fc2, Quantizer(level=level, sym=True))))
+            signed_after(m, "fc2")
         elif _is_patch_embed(name, m):
-            plan.append((m, "proj", nn.Sequential(m.proj, Quantizer(level=level, sym=True))))
+            signed_after(m, "proj")
+    if vit:
+        for layer in base.encoder.layer:
+            signed_after(layer.attention.output, "dense")  # timm's quan_proj
+            signed_after(layer.output, "dense")  # timm's fc2 quantizer
+        pe = base.embeddings.patch_embeddings
+        plan.append((pe, "projection", _QuantizedOutput(pe.projection, Quantizer(level=level, sym=True))))
     for parent, attr, new in plan:
         setattr(parent, attr, new)
-    return qann
 
 
 def _parent(root: nn.Module, name: str) -> tuple[nn.Module, str]:

@@ -28,7 +28,7 @@ from torch import nn
 
 from icml24.common import validate as val
 from icml24.common.nets import Attention, Mlp
-from icml24.spikezip_tf.qann import QAttention, Quantizer, check_activations, quantize
+from icml24.spikezip_tf.qann import QAttention, Quantizer, check_activations, insert_quantizers
 
 __all__ = ["RateIFNeuron", "RateCodedModel", "rate_convert", "rate_simulate"]
 
@@ -213,7 +213,8 @@ def rate_convert(ann: nn.Module, calib_x: torch.Tensor, *, percentile: float = 9
     if any(isinstance(m, Quantizer) for m in ann.modules()):
         raise TypeError(f"{_WHO}: convert the float ANN, not a quantized model")
     if _is_transformer(ann):
-        net = quantize(ann, level=4)  # only the quantizer *sites* are used; every Quantizer is replaced below
+        net = copy.deepcopy(ann)
+        insert_quantizers(net, level=4, attn_level=4)  # only the *sites* are used; every Quantizer is replaced below
         _swap(net, lambda m: isinstance(m, Quantizer), lambda q: _Recorder(signed=q.sym))
         _swap(net, lambda m: type(m) is nn.ReLU, lambda m: nn.Identity())  # unsigned sites already apply it
     else:

@@ -18,6 +18,7 @@ matmul uses A_t b_t^T + a_t B_t^T - a_t b_t^T (A, B running sums including step 
 from __future__ import annotations
 
 import copy
+import inspect
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from icml24.common import validate as val
-
 from icml24.common.nets import TinyViT
 from icml24.spikezip_tf.qann import (
     QAttention,
@@ -38,13 +38,16 @@ from icml24.spikezip_tf.qann import (
     additive_mask,
     check_activations,
     check_mask,
+    hf_base_model,
+    hf_head,
     is_hf_encoder,
+    is_hf_vit,
     quantizers,
 )
 from icml24.spikezip_tf.text import TinyTextEncoder
 
 __all__ = ["STBIFNeuron", "SpikeLinear", "SpikeConv2d", "SpikeMatmul", "SpikingSoftmax", "SpikingLayerNorm",
-           "SpikingAttention", "SpikingSelfAttention", "SpikingModel", "SimulationResult", "convert", "simulate", "count_macs",
+           "SpikingAttention", "SpikingSelfAttention", "SpikingModel", "AnnHead", "SimulationResult", "convert", "simulate", "count_macs",
            "register_runner"]
 
 
@@ -468,6 +471,71 @@ class SpikingSelfAttention(_Stateful):
         return ctx.reshape(*ctx.shape[:-2], self.all_head_size)
 
 
+class AnnHead(_Stateful):
+    """A real-valued (ANN) head on the running sum of the spiking encoder's outputs, emitting differences:
+
+    ``X_t = sum_{tau <= t} h_tau``,  ``out_t = f(X_t) - f(X_{t-1})``  (``f(X_{-1}) := 0``),
+
+    so ``sum_t out_t = f(X_T)``: the head of the QANN applied to the SNN's accumulated encoder output, and the
+    running sum of the outputs after step t is ``f`` of the encoder output accumulated so far (accuracy vs T).
+    ``f`` (e.g. a BERT pooler + classifier) is evaluated once per step whose input is non-zero, on the whole
+    accumulated state, so its nonlinearities (the pooler's Tanh) are exact but not spike-driven.
+
+    NOTE(deviation): SpikeZIP-TF converts every operator; a Tanh has no spike-equivalent form in the paper or the
+    official code (its RoBERTa path drops the pooler), so Hugging Face poolers and classification heads run as
+    this ANN head. Their multiply-accumulates are not counted as synaptic operations.
+    """
+
+    def __init__(self, fn: nn.Module) -> None:
+        super().__init__()
+        self.fn = fn
+        self.reset()
+
+    def reset(self) -> None:
+        self.X: torch.Tensor | None = None
+        self.Y: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xt = _split_time(x, self.steps)
+        active = _fed_steps(xt)
+        if self.X is None:
+            active[0] = True
+
+        outs: list[torch.Tensor | None] = []
+        for t, a in enumerate(active):  # one call of f per step with input: identical for every chunk
+            if not a:
+                outs.append(None)  # X unchanged: f(X_t) - f(X_{t-1}) = 0 exactly
+                continue
+            self.X = xt[t].clone() if self.X is None else self.X + xt[t]
+            y = self.fn(self.X)
+            outs.append(y if self.Y is None else y - self.Y)
+            self.Y = y
+        zero = self.Y.new_zeros(self.Y.shape)
+        return torch.cat([zero if o is None else o for o in outs])
+
+
+class _PooledClassifier(nn.Module):
+    """BERT-style ``*ForSequenceClassification`` head: ``classifier(dropout(pooler(h)))``."""
+
+    def __init__(self, pooler: nn.Module, dropout: nn.Module, classifier: nn.Module) -> None:
+        super().__init__()
+        self.pooler, self.dropout, self.classifier = pooler, dropout, classifier
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(self.pooler(h)))
+
+
+class _ClsClassifier(nn.Module):
+    """``ViTForImageClassification`` head: ``classifier(h[:, 0])``."""
+
+    def __init__(self, classifier: nn.Module) -> None:
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.classifier(h[:, 0])
+
+
 # ---------------------------------------------------------------------------------------------- runners
 # A runner performs time steps of a converted top-level model: (net, x, t, steps=T, **kw) -> outputs, with x the
 # encoded input of the T steps t, ..., t + T - 1 stacked along dim 0 ((T * B, ...), see _Stateful) and the
@@ -486,7 +554,7 @@ def _first_rows(h0: torch.Tensor, t: int, steps: int) -> torch.Tensor:
     return torch.cat([h0, h0.new_zeros((steps - 1) * h0.shape[0], *h0.shape[1:])])
 
 
-def _vit_step(net: nn.Module, x: torch.Tensor, t: int, steps: int = 1, **_: object) -> torch.Tensor:
+def _vit_step(net: nn.Module, x: torch.Tensor, t: int, steps: int = 1) -> torch.Tensor:
     h = net.patch_embed(x)
     tb, _n, c = h.shape
     b = tb // steps
@@ -499,8 +567,8 @@ def _vit_step(net: nn.Module, x: torch.Tensor, t: int, steps: int = 1, **_: obje
     return net.head(net.norm(net.blocks(h))[:, 0])
 
 
-def _text_step(net: TinyTextEncoder, ids: torch.Tensor, t: int, steps: int = 1, mask: torch.Tensor | None = None,
-               **_: object) -> torch.Tensor:
+def _text_step(net: TinyTextEncoder, ids: torch.Tensor, t: int, steps: int = 1,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
     e = net.embed(ids).to(net.pos_embed.dtype)
     h = net.emb_norm(_first_rows(e, t, steps))
     for blk in net.blocks:
@@ -514,7 +582,7 @@ def _is_vit_layout(m: nn.Module) -> bool:
             and hasattr(m, "blocks") and hasattr(m, "norm") and hasattr(m, "head"))
 
 
-def _timm_vit_step(net: nn.Module, x: torch.Tensor, t: int, steps: int = 1, **_: object) -> torch.Tensor:
+def _timm_vit_step(net: nn.Module, x: torch.Tensor, t: int, steps: int = 1) -> torch.Tensor:
     """timm ``VisionTransformer.forward`` one chunk at a time: prefix tokens and positions at t = 0 only."""
     h = net.patch_embed(x)
     if h.dim() == 4:  # NHWC output (timm's dynamic_img_size / flatten=False)
@@ -553,27 +621,44 @@ def _timm_vit_step(net: nn.Module, x: torch.Tensor, t: int, steps: int = 1, **_:
     return net.head(h)
 
 
-def _hf_embed(emb: nn.Module, ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+def _hf_embed(emb: nn.Module, ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+              position_ids: torch.Tensor | None) -> torch.Tensor:
     """The embeddings' sum (word + position + token type) before their LayerNorm, by the model's own forward."""
     saved = emb._modules["LayerNorm"], emb._modules.get("dropout")
     emb._modules["LayerNorm"] = nn.Identity()
     if saved[1] is not None:
         emb._modules["dropout"] = nn.Identity()
     try:
-        return emb(input_ids=ids, token_type_ids=token_type_ids)
+        return emb(input_ids=ids, token_type_ids=token_type_ids, position_ids=position_ids)
     finally:
         emb._modules["LayerNorm"] = saved[0]
         if saved[1] is not None:
             emb._modules["dropout"] = saved[1]
 
 
+def _check_ids_like(name: str, v: torch.Tensor | None, ids: torch.Tensor, *, row_ok: bool = False) -> None:
+    """``v`` is None or an integer tensor of the shape of ``ids`` (``(1, N)`` too if ``row_ok``)."""
+    if v is None:
+        return
+    if not isinstance(v, torch.Tensor) or v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
+        raise TypeError(f"spikezip_tf: {name} must be an integer tensor, got "
+                        f"{v.dtype if isinstance(v, torch.Tensor) else type(v).__name__}")
+    if tuple(v.shape) != tuple(ids.shape) and not (row_ok and v.dim() == 2 and tuple(v.shape) == (1, ids.shape[-1])):
+        raise ValueError(f"spikezip_tf: {name} must have the shape of input_ids {tuple(ids.shape)}"
+                         f"{' or (1, N)' if row_ok else ''}, got {tuple(v.shape)}")
+
+
 def _hf_step(net: nn.Module, ids: torch.Tensor, t: int, steps: int = 1, mask: torch.Tensor | None = None,
-             token_type_ids: torch.Tensor | None = None, **_: object) -> torch.Tensor:
-    """A Hugging Face BERT/RoBERTa encoder, one chunk: returns the ``last_hidden_state`` increments."""
+             token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """A Hugging Face BERT/RoBERTa encoder, one chunk: returns the ``last_hidden_state`` increments.
+
+    Token ids, token types (segment A/B of a sentence pair), positions and the mask enter at t = 0 only."""
+    _check_ids_like("token_type_ids", token_type_ids, ids)
+    _check_ids_like("position_ids", position_ids, ids, row_ok=True)
     emb = net.embeddings
     w = emb.word_embeddings.weight
     if t == 0:
-        e = _hf_embed(emb, ids, token_type_ids).to(w.dtype)
+        e = _hf_embed(emb, ids, token_type_ids, position_ids).to(w.dtype)
     else:
         e = w.new_zeros(ids.shape[0], ids.shape[1], w.shape[1])
     h = emb.LayerNorm(_first_rows(e, t, steps))
@@ -584,11 +669,55 @@ def _hf_step(net: nn.Module, ids: torch.Tensor, t: int, steps: int = 1, mask: to
     return h
 
 
+def _hf_cls_step(net: nn.Module, ids: torch.Tensor, t: int, steps: int = 1, mask: torch.Tensor | None = None,
+                 token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """A Hugging Face BERT/RoBERTa ``*ForSequenceClassification``: the encoder's ``last_hidden_state``
+    increments (the classification head runs as :class:`AnnHead` on their running sum)."""
+    return _hf_step(getattr(net, net.base_model_prefix), ids, t, steps, mask=mask, token_type_ids=token_type_ids,
+                    position_ids=position_ids)
+
+
+def _hf_vit_step(net: nn.Module, x: torch.Tensor, t: int, steps: int = 1) -> torch.Tensor:
+    """A Hugging Face ``ViTModel``, one chunk: ``last_hidden_state`` increments (after the final ``layernorm``);
+    the class token and the position embeddings enter at t = 0 only."""
+    emb = net.embeddings
+    h = emb.patch_embeddings(x)  # projection (spiking conv + neuron), flatten, transpose; checks channels / size
+    tb, _n, c = h.shape
+    b = tb // steps
+    if t == 0:
+        first = torch.cat([emb.cls_token.to(h.dtype).expand(b, -1, -1), h[:b]], dim=1)
+        first = first + emb.position_embeddings.to(h.dtype)
+        h = torch.cat([first, torch.cat([h.new_zeros(tb - b, 1, c), h[b:]], dim=1)]) if steps > 1 else first
+    else:
+        h = torch.cat([h.new_zeros(tb, 1, c), h], dim=1)
+    h = emb.dropout(h)
+    for layer in net.encoder.layer:  # ViTLayer.forward (pre-norm)
+        h = layer.attention.output(layer.attention.attention(layer.layernorm_before(h)), h) + h
+        h = layer.output(layer.intermediate(layer.layernorm_after(h)), h)  # dense -> neuron, + h
+    return net.layernorm(h)
+
+
+def _hf_vit_cls_step(net: nn.Module, x: torch.Tensor, t: int, steps: int = 1) -> torch.Tensor:
+    """``ViTForImageClassification``: the encoder's increments (the classifier runs as :class:`AnnHead`)."""
+    return _hf_vit_step(getattr(net, net.base_model_prefix), x, t, steps)
+
+
+def _is_hf_text_wrapper(m: nn.Module) -> bool:
+    found = hf_base_model(m)
+    return found is not None and bool(found[0]) and is_hf_encoder(found[1])
+
+
+def _is_hf_vit_wrapper(m: nn.Module) -> bool:
+    found = hf_base_model(m)
+    return found is not None and bool(found[0]) and is_hf_vit(found[1])
+
+
 _RUNNERS: dict[type[nn.Module], tuple[Runner, bool, bool]] = {TinyViT: (_vit_step, True, True),
                                                               TinyTextEncoder: (_text_step, False, True)}
 # structural runners, tried in order after the registered types: (predicate, runner, zero_input_after_first)
-_STRUCTURAL: list[tuple[Callable[[nn.Module], bool], Runner, bool]] = [(_is_vit_layout, _timm_vit_step, True),
-                                                                       (is_hf_encoder, _hf_step, False)]
+_STRUCTURAL: list[tuple[Callable[[nn.Module], bool], Runner, bool]] = [
+    (_is_vit_layout, _timm_vit_step, True), (is_hf_encoder, _hf_step, False), (is_hf_vit, _hf_vit_step, True),
+    (_is_hf_text_wrapper, _hf_cls_step, False), (_is_hf_vit_wrapper, _hf_vit_cls_step, True)]
 
 
 def register_runner(model_type: type[nn.Module], runner: Runner, *, zero_input_after_first: bool,
@@ -599,7 +728,9 @@ def register_runner(model_type: type[nn.Module], runner: Runner, *, zero_input_a
         model_type: the (Q)ANN's class.
         runner: ``runner(net, x_t, t, **kw) -> out_t`` running one time step of the converted ``net``; with
             ``multi_step=True``, ``runner(net, x, t, steps=T, **kw)`` runs T steps at once in the stacked
-            layout ``(T * B, ...)`` (see :class:`SpikingModel`).
+            layout ``(T * B, ...)`` (see :class:`SpikingModel`). The keyword parameters after ``t`` (other than
+            ``steps``) are the inputs :func:`simulate` accepts for this model (e.g. ``mask``); any other input is
+            refused with ``TypeError``, unless the runner takes ``**kw``.
         zero_input_after_first: analog encoding: feed ``x`` at t = 0 and zeros afterwards (True), or hand
             ``x`` at every step and let the runner use it only at t = 0 (False, e.g. token ids).
         multi_step: the runner accepts ``steps`` (else :func:`simulate` runs it one step at a time).
@@ -615,8 +746,21 @@ def _runner_for(model: nn.Module) -> tuple[Runner, bool, bool]:
         if pred(model):
             return runner, zero_after, True
     raise TypeError(f"spikezip_tf: no runner for {type(model).__name__}; supported: "
-                    f"{', '.join(t.__name__ for t in _RUNNERS)}, timm-layout ViTs and Hugging Face BERT/RoBERTa "
-                    f"encoders (see register_runner)")
+                    f"{', '.join(t.__name__ for t in _RUNNERS)}, timm-layout ViTs, Hugging Face BERT/RoBERTa "
+                    f"encoders (bare or *ForSequenceClassification) and ViT encoders (ViTModel, "
+                    f"ViTForImageClassification) (see register_runner)")
+
+
+def _runner_inputs(runner: Runner) -> frozenset[str] | None:
+    """The keyword inputs a runner takes besides ``(net, x, t, steps)``; ``None`` if it takes any (``**kw``)."""
+    try:
+        params = list(inspect.signature(runner).parameters.values())
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(p.name for p in params[3:] if p.kind in kinds and p.name != "steps")
 
 
 class SpikingModel(nn.Module):
@@ -626,13 +770,22 @@ class SpikingModel(nn.Module):
     several time steps per call (:meth:`run_steps`) with bit-identical outputs.
     """
 
-    def __init__(self, net: nn.Module, runner: Runner, zero_input_after_first: bool, multi_step: bool = True) -> None:
+    def __init__(self, net: nn.Module, runner: Runner, zero_input_after_first: bool, multi_step: bool = True, *,
+                 head: AnnHead | None = None, pooler: nn.Module | None = None) -> None:
         super().__init__()
         self.net = net
         self._runner = runner
         self.zero_input_after_first = zero_input_after_first
         self.multi_step = multi_step
+        #: ANN head on the accumulated encoder output (HF classifiers); the steps then return its differences
+        self.head = head
+        #: a bare HF encoder's pooler, applied by :func:`simulate` to the accumulated output (``pooler_output``)
+        self.pooler = pooler
+        #: keyword inputs the runner takes (``None``: any)
+        self.input_names = _runner_inputs(runner)
         self._stateful = [m for m in net.modules() if isinstance(m, _Stateful)]
+        if head is not None:
+            self._stateful.append(head)
         self.t = 0
 
     def reset(self) -> None:
@@ -656,6 +809,8 @@ class SpikingModel(nn.Module):
         """One time step: input ``x_t`` ``(B, ...)`` -> output ``(B, ...)``."""
         self._set_steps(1)
         out = self._runner(self.net, x_t, self.t, **kw)
+        if self.head is not None:
+            out = self.head(out)
         self.t += 1
         return out
 
@@ -676,6 +831,8 @@ class SpikingModel(nn.Module):
         self._set_steps(steps)
         try:
             out = self._runner(self.net, x, self.t, steps=steps, **kw)
+            if self.head is not None:
+                out = self.head(out)
         finally:
             self._set_steps(1)
         self.t += steps
@@ -689,12 +846,14 @@ def _is_unsigned_quantizer(m: nn.Module | None) -> bool:
     return isinstance(m, Quantizer) and m.neg_min == 0
 
 
-def _convert_children(module: nn.Module, prefix: str, neuron_kw: dict) -> None:
+def _convert_children(module: nn.Module, prefix: str, neuron_kw: dict, skip: frozenset[str] = frozenset()) -> None:
     prev: nn.Module | None = None
     for name, child in list(module.named_children()):
         path = f"{prefix}.{name}" if prefix else name
         new: nn.Module | None
-        if isinstance(child, Quantizer):
+        if path in skip:
+            new = None  # an ANN head: stays as it is
+        elif isinstance(child, Quantizer):
             new = STBIFNeuron.from_quantizer(child, **neuron_kw)
         elif isinstance(child, QAttention):
             new = SpikingAttention(child, **neuron_kw)
@@ -719,7 +878,7 @@ def _convert_children(module: nn.Module, prefix: str, neuron_kw: dict) -> None:
             raise TypeError(f"spikezip_tf: cannot convert module '{path}' of type {type(child).__name__}")
         else:
             new = None
-            _convert_children(child, path, neuron_kw)
+            _convert_children(child, path, neuron_kw, skip)
         if new is not None:
             setattr(module, name, new)
         prev = child
@@ -734,8 +893,11 @@ def convert(qann: nn.Module, *, dtype: torch.dtype | None = None, v_init: float 
     Dropout -> Identity. The QANN is not modified.
 
     Args:
-        qann: a quantized ``TinyViT``, ``TinyTextEncoder``, timm-layout ViT, Hugging Face BERT/RoBERTa encoder
-            (recognised by structure; its steps return ``last_hidden_state``), or a type added with
+        qann: a quantized ``TinyViT``, ``TinyTextEncoder``, timm-layout ViT, Hugging Face BERT/RoBERTa or ViT
+            encoder (recognised by structure; its steps return ``last_hidden_state`` increments; a pooler is applied
+            by :func:`simulate` to the accumulated output), a Hugging Face BERT/RoBERTa
+            ``*ForSequenceClassification`` or ``ViTForImageClassification`` (its head runs as an :class:`AnnHead`
+            on the accumulated encoder output; the steps return logit increments), or a type added with
             :func:`register_runner`.
         dtype: cast the spiking network to this dtype (e.g. ``torch.float64`` for exact checks).
         v_init: initial membrane in threshold units (paper 1/2; 0 is the "no half-threshold" ablation).
@@ -751,7 +913,8 @@ def convert(qann: nn.Module, *, dtype: torch.dtype | None = None, v_init: float 
     """
     if not isinstance(qann, nn.Module):
         raise TypeError(f"spikezip_tf: qann must be an nn.Module, got {type(qann).__name__}")
-    check_activations(qann)
+    kind, heads = hf_head(qann)
+    check_activations(qann, exclude=heads)
     runner, zero_after, multi = _runner_for(qann)
     if not quantizers(qann):
         raise ValueError("spikezip_tf: the model has no quantizers; call quantize() (and train it) before convert()")
@@ -763,14 +926,29 @@ def convert(qann: nn.Module, *, dtype: torch.dtype | None = None, v_init: float 
     neuron_kw = dict(v_init=v_init, negative_spikes=negative_spikes)
     STBIFNeuron(threshold=1.0, pos_max=1, neg_min=0, v_init=v_init)  # validates v_init before the deep copy
     net = copy.deepcopy(qann).eval()
-    _convert_children(net, "", neuron_kw)
+    _convert_children(net, "", neuron_kw, frozenset(heads))
     if dtype is not None:
         net = net.to(dtype)
     for p in net.parameters():
         p.requires_grad_(False)
-    snn = SpikingModel(net, runner, zero_after, multi)
+    head, pooler = _ann_head(net, kind)
+    snn = SpikingModel(net, runner, zero_after, multi, head=head, pooler=pooler)
     snn.reset()
     return snn
+
+
+def _ann_head(net: nn.Module, kind: str | None) -> tuple[AnnHead | None, nn.Module | None]:
+    """The ANN head (classifier wrappers) or pooler (bare encoders) of a converted Hugging Face model."""
+    if kind is None:
+        return None, None
+    if kind == "pooler":
+        return None, net.pooler
+    base = getattr(net, net.base_model_prefix)
+    if kind == "pooled_linear":
+        return AnnHead(_PooledClassifier(base.pooler, getattr(net, "dropout", nn.Identity()), net.classifier)), None
+    if kind == "sequence_head":
+        return AnnHead(net.classifier), None
+    return AnnHead(_ClsClassifier(net.classifier)), None  # "cls_linear"
 
 
 @dataclass
@@ -786,6 +964,8 @@ class SimulationResult:
         sops_per_layer: synaptic operations (spike events x fan-out) per consuming layer (path -> count).
         spikes_per_step: total spikes at each step ``(T,)``.
         sops_per_step: total synaptic operations at each step ``(T,)``.
+        pooler_output: a bare Hugging Face encoder's pooler applied (as an ANN) to the accumulated output's CLS
+            state, ``(B, C)``; ``None`` for models without a pooler.
     """
 
     outputs: torch.Tensor
@@ -795,6 +975,7 @@ class SimulationResult:
     sops_per_layer: dict[str, float] = field(default_factory=dict)
     spikes_per_step: torch.Tensor | None = None
     sops_per_step: torch.Tensor | None = None
+    pooler_output: torch.Tensor | None = None
 
     @property
     def num_steps(self) -> int:
@@ -813,7 +994,7 @@ class SimulationResult:
 @torch.no_grad()
 def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiescent: bool = True,
              mask: torch.Tensor | None = None, chunk: int | None = None,
-             skip_after_quiescence: bool = True) -> SimulationResult:
+             skip_after_quiescence: bool = True, **inputs: torch.Tensor) -> SimulationResult:
     """Run ``snn`` with analog encoding (``x`` at t = 0, zeros after) from a fresh reset.
 
     Args:
@@ -821,7 +1002,10 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
         x: input batch (images ``(B, C, H, W)`` or token ids ``(B, N)``); floats are cast to the SNN's dtype.
         max_steps: step cap ``T_max`` (>= 1).
         until_quiescent: stop at the first step without any spike (later outputs would be exactly 0).
-        mask: optional key mask ``(B, N)`` for text encoders (applied at t = 0).
+        mask: optional key mask ``(B, N)`` for text encoders (applied at t = 0); ``attention_mask=`` is the same.
+        **inputs: further inputs of the model, handed to its runner at every call and used at t = 0, e.g.
+            ``token_type_ids`` (segment ids of a sentence pair) and ``position_ids`` for Hugging Face BERT/RoBERTa
+            models. An input the runner does not take raises ``TypeError`` (it is never dropped).
         chunk: time steps per multi-step call (default 4): each layer processes the whole chunk before the next
             layer runs; steps without any input event are skipped (their outputs are exactly zero), row-wise
             operators (LayerNorm, softmax) run once on all steps with input, the ST-BIF recurrence loops over
@@ -834,6 +1018,11 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
 
     Returns:
         A :class:`SimulationResult`.
+
+    Raises:
+        TypeError: ``snn`` is not a :class:`SpikingModel`, or an input (``mask`` or one of ``inputs``) that the
+            model's runner does not take.
+        ValueError: ``max_steps`` / ``chunk`` < 1, a non-tensor ``x``, both ``mask`` and ``attention_mask``.
     """
     if not isinstance(snn, SpikingModel):
         raise TypeError(f"spikezip_tf: snn must be a SpikingModel (from convert()), got {type(snn).__name__}")
@@ -841,12 +1030,32 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
     if chunk is not None:
         val.integer("spikezip_tf", "chunk", chunk, minimum=1)
     val.tensor("spikezip_tf", "x", x)
+    mask_name = "mask"
+    if "attention_mask" in inputs:
+        if mask is not None:
+            raise ValueError("spikezip_tf: give the key mask as mask or as attention_mask, not both")
+        mask, mask_name = inputs.pop("attention_mask"), "attention_mask"
+    accepted = snn.input_names
+    given = {**inputs, **({"mask": mask} if mask is not None else {})}
+    for k in given:
+        if accepted is not None and k not in accepted:
+            shown = mask_name if k == "mask" else k
+            takes = ", ".join(sorted(accepted)) or "nothing besides x"
+            raise TypeError(f"spikezip_tf: simulate() got input '{shown}', which the runner of "
+                            f"{type(snn.net).__name__} does not take (it takes {takes}); refusing rather than "
+                            f"ignoring it")
     p = next(iter(snn.net.parameters()))
     x = x.to(p.device)
     if x.is_floating_point():
         x = x.to(p.dtype)
     if mask is not None:
         mask = mask.to(p.device)
+    kw: dict[str, object] = {}
+    for k, v in inputs.items():
+        val.tensor("spikezip_tf", k, v)
+        kw[k] = v.to(p.device)
+    if accepted is None or "mask" in accepted:
+        kw["mask"] = mask  # (None too: runners that take a mask always got one)
     if chunk is None:
         chunk = 4
     if not snn.multi_step:
@@ -866,10 +1075,10 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
         steps = min(chunk, max_steps - t)
         if chunk == 1:  # the step-by-step reference path
             xin = x if t == 0 or not snn.zero_input_after_first else torch.zeros_like(x)
-            out = snn.step(xin, mask=mask)[None]
+            out = snn.step(xin, **kw)[None]
         else:
             xin = _first_rows(x, t, steps) if snn.zero_input_after_first else x
-            out = snn.run_steps(xin, steps, mask=mask)
+            out = snn.run_steps(xin, steps, **kw)
         per_sample = torch.zeros(steps, b, dtype=torch.long, device=p.device)
         for n, m in neurons:
             if m.last_spikes is not None:
@@ -908,8 +1117,10 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
     per = torch.cat(sample_steps)  # (T, B)
     silent_mask = per.eq(0)
     first = torch.where(silent_mask.any(0), silent_mask.float().argmax(0), torch.full_like(per[0], -1))
+    outputs = torch.cat(outs)
+    pooled = snn.pooler(outputs.sum(0)) if snn.pooler is not None else None  # ANN pooler on the accumulated CLS
     return SimulationResult(
-        outputs=torch.cat(outs), quiescent_step=quiet, sample_quiescent_step=first,
+        outputs=outputs, quiescent_step=quiet, sample_quiescent_step=first, pooler_output=pooled,
         spikes_per_layer={n: int(v) for n, v in spikes_layer.items()},
         sops_per_layer={n: float(v) for n, v in sops_layer.items()},
         spikes_per_step=torch.tensor(spikes_step), sops_per_step=torch.cat(sops_step).cpu())

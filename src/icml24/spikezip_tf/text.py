@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from icml24.common import validate as v
-
 from icml24.common.nets import Attention, Block, Mlp
 from icml24.spikezip_tf.qann import additive_mask, check_mask
 
