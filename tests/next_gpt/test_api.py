@@ -207,7 +207,9 @@ def test_world_renders_and_captions():
     ({"seeds": (0,)}, ">= 2 seeds"),
     ({"n_signal": (4, 4)}, "n_signal"),
     ({"modalities": ("smell",), "n_signal": (1,)}, "unsupported modality"),
-    ({"lr_grid": (1e-3,), "icl_grid": (1, 2)}, "same size"),
+    ({"lr_grid": (1e-3, 3e-3, 9e-3), "icl_grid": (1, 2)}, "same size"),
+    ({"lr_grid": (1e-3, 1e-3), "icl_grid": (1, 2)}, "2 distinct"),
+    ({"grid_extra": -1}, "grid_extra"),
     ({"stage1_steps": 0}, "stage1_steps"),
     ({"block_min": 1.5}, "block_min"),
 ])
