@@ -139,9 +139,8 @@ def _signed_mean(x: Sequence[float], sign: float) -> float:
 def _step(grid: Sequence[float], edge: Edge, log: bool) -> float:
     """The next value past ``edge``, by the ratio (log) or step (linear) of the two outermost values there."""
     a, b = (grid[0], grid[1]) if edge == "low" else (grid[-1], grid[-2])
-    if log:
-        return a * (a / b)
-    return a + (a - b)
+    new = a * (a / b) if log else a + (a - b)
+    return float(f"{new:.12g}")  # 3e-3 × 3 is 9e-3, not 0.009000000000000001
 
 
 def _pick(values: Sequence[float], records: Mapping[float, Mapping[str, Sequence[float]]], score: str, *,
