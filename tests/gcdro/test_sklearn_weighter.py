@@ -10,7 +10,7 @@ import torch
 from sklearn.base import clone
 from sklearn.utils.estimator_checks import check_estimator
 
-from icml24.gcdro import DRORegressor, GCDROREGRESSOR_SKIPS, GCDRORegressor, GCDROWeighter, core
+from icml24.gcdro import GCDROREGRESSOR_SKIPS, DRORegressor, GCDRORegressor, GCDROWeighter, core
 
 
 def _run_checks(est, expected_failed=None):
@@ -129,7 +129,7 @@ def test_weighter_trains_a_small_net():
     opt = torch.optim.Adam(net.parameters(), lr=0.02)
     w = GCDROWeighter(n_neighbors=5, n_inner=5)
     first = None
-    for step in range(60):
+    for _step in range(60):
         idx = torch.randint(0, 256, (64,), generator=g)
         losses = (net(x[idx]).squeeze(-1) - y[idx]) ** 2
         q = w.update(losses, x[idx])

@@ -1,5 +1,6 @@
 """GCDRO — Geometry-Calibrated DRO (Liu et al., ICML 2024, arXiv 2311.05054): public API."""
 
+from icml24.gcdro import matched
 from icml24.gcdro.core import (
     EdgeList,
     adaptive_step,
@@ -19,7 +20,6 @@ from icml24.gcdro.core import (
     tv_from_uniform,
     upwind_flux,
 )
-from icml24.gcdro import matched
 from icml24.gcdro.estimator import GCDROREGRESSOR_SKIPS, DRORegressor, GCDRORegressor
 from icml24.gcdro.simulate import corrupt_labels, selection_bias_regression, subpopulation_regression
 from icml24.gcdro.weighter import GCDROWeighter
