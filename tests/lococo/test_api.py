@@ -201,7 +201,7 @@ def test_lag_false_gives_the_same_logits_with_at_most_budget_at_rest(model):
     with torch.no_grad():
         *_, (_, a) = _run_chunks(model, ids, LoCoCoCache.from_model(model, budget=M, compressors=comps), B)
         c2 = LoCoCoCache.from_model(model, budget=M, compressors=comps, lag=False)
-        for _, b in _run_chunks(model, ids, c2, B):
+        for _, b in _run_chunks(model, ids, c2, B):  # noqa: B007 — b: the last chunk's logits, used below
             assert max(c2.lengths) <= M
     torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
@@ -293,7 +293,7 @@ def test_h2o_cache_keeps_top_scores_and_accumulates_when_asked(model):
     for acc in (False, True):
         cache = LoCoCoCache.from_model(model, policy="h2o", budget=M, recent=2, accumulate_scores=acc)
         with torch.no_grad():
-            for j, _ in _run_chunks(model, _ids(1, 40), cache, B):
+            for _j, _ in _run_chunks(model, _ids(1, 40), cache, B):
                 lay = cache.layers[1]
                 s = (lay.acc_scores if acc else lay.scores).clone()
                 pos = lay.pos.clone()

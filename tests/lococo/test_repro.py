@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
-from icml24.lococo.experiment import Config, knob_grid, run
+from icml24.common.results import ClaimCheck, verdict
+from icml24.lococo.cache import make_compressors
+from icml24.lococo.experiment import H2O_BOUND_ARM, Config, knob_grid, run, tune_baseline, window_losses
+from icml24.lococo.model import tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +48,116 @@ def test_quick_run_tunes_every_baseline_on_validation_and_bounds_losses(quick):
     cfg = Config.quick()
     for M in cfg.budgets:
         pb = res.extra["per_budget"][str(M)]
+        tun = res.extra["tuning"][f"M={M}"]
         for pol in ("streaming", "h2o", "tova"):
-            grid = knob_grid(cfg, pol, M)
-            assert len(pb["tuning"][pol]) == len(grid) and pb["tuned"][pol] in grid
-            best = min(pb["tuning"][pol], key=lambda t: t["val_loss"])
-            assert best["knobs"] == pb["tuned"][pol]
+            evaluated = [t["knobs"] for t in pb["tuning"][pol]]
+            assert all(kn in evaluated for kn in knob_grid(cfg, pol, M))  # the declared grid, plus extensions
+            assert len({json.dumps(kn, sort_keys=True) for kn in evaluated}) == len(evaluated)  # each once
+            assert pb["tuned"][pol] in evaluated and tun[pol]["picked_knobs"] == pb["tuned"][pol]
+            # one deterministic validation loss per setting: the pick is the validation best
+            best = min(t["val_loss"] for t in pb["tuning"][pol])
+            assert next(t["val_loss"] for t in pb["tuning"][pol] if t["knobs"] == pb["tuned"][pol]) == best
+        sinks = tun["streaming"]["n_sink"]
+        assert sinks["declared"] == [float(s) for s in cfg.sink_grid if s < M]
+        assert len(sinks["extensions"]) <= cfg.grid_extra and all(0 <= v <= M for v in sinks["grid"])
+        for cell in ("recent_fraction (accumulate_scores=False)", "recent_fraction (accumulate_scores=True)"):
+            t = tun["h2o"][cell]
+            assert t["declared"] == list(cfg.recent_grid) and all(0.0 <= f <= 1.0 for f in t["grid"])
+            assert len(t["extensions"]) <= cfg.grid_extra
         tl = pb["test_loss"]
         # nothing beats the full cache by more than noise; losses are finite nats/byte
         assert all(0.0 < v < 6.0 for v in tl.values())
         assert min(tl.values()) >= res.extra["full_test_loss"] - 0.05
+
+
+def test_quick_run_writes_schema3_that_the_shared_checker_accepts(quick):
+    _, out = quick
+    d = json.loads((out / "results.json").read_text())
+    assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
+    checker = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
+    if not checker.exists():
+        pytest.skip("the shared checker is not beside this checkout")
+    spec = importlib.util.spec_from_file_location("check_results", checker)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.check(str(out / "results.json")) is None
+
+
+def test_per_budget_sanity_checks_guard_only_their_budgets_claim(quick):
+    res, _ = quick
+    cfg = Config.quick()
+    claims = {M: next(c for c in res.checks("claim") if c.name.startswith(f"M={M}:")) for M in cfg.budgets}
+    for c in res.checks("sanity"):
+        assert c.detail.startswith(("the regime:", "negative control:", "tuning:")), c.name
+        M = next((M for M in cfg.budgets if c.name.startswith(f"M={M}:")), None)
+        assert c.guards == ([] if M is None else [claims[M].name]), c.name  # the across-M trend guards all
+    tuning = [c for c in res.checks("sanity") if "tuning:" in c.name]
+    assert len(tuning) == 2 * len(cfg.budgets)
+    failed = [s for s in res.checks("sanity") if not s.passed]
+    for c in res.checks("claim"):
+        assert c.void_by == sorted(s.name for s in failed if not s.guards or c.name in s.guards)
+
+    def sanity(c, ok):
+        return ClaimCheck(name=c.name, metric=c.metric, measured=float(ok), threshold=1.0, direction=">=",
+                          kind="sanity", guards=c.guards)
+    lo, hi = cfg.budgets
+    for M, void in ((lo, [True, False]), (hi, [False, True])):  # one budget's failed regime check voids its claim
+        checks = [*res.checks("claim"), *(sanity(c, not (c.name.startswith(f"M={M}:") and "regime" in c.name))
+                                          for c in res.checks("sanity"))]
+        v = verdict(checks)
+        assert [bool(c.void_by) for c in checks[:2]] == void and v["claims_void"] == 1
+        assert v["claims_total"] == 1
+
+
+def test_tune_baseline_extends_integer_and_fraction_grids_within_their_limits():
+    cfg = dataclasses.replace(Config.quick(), sink_grid=(0, 4, 8), recent_grid=(0.0, 0.25, 0.5), grid_extra=2)
+    M = 32
+    # more sinks always better: n_sink extends by its step (4) twice, stays an integer, and stops there
+    tb = tune_baseline(cfg, "streaming", M, lambda kn: 2.0 - 0.01 * kn["n_sink"])
+    t = tb["tuned"]["n_sink"]
+    assert t.extensions == [12.0, 16.0] and tb["knobs"] == {"n_sink": 16} and not t.ok
+    # fewer sinks always better: 0 is a hard limit (not a natural bound): no extension, the check fails
+    t = tune_baseline(cfg, "streaming", M, lambda kn: 2.0 + 0.01 * kn["n_sink"])["tuned"]["n_sink"]
+    assert t.extensions == [] and t.value == 0.0 and not t.ok
+    # H2O: a longer recent window always better: the fraction extends to 0.75 and 1.0 (its hard limit)
+    tb = tune_baseline(cfg, "h2o", M, lambda kn: 2.0 - 0.01 * kn["recent"] - 0.001 * kn["accumulate_scores"])
+    cells = list(tb["tuned"].values())
+    assert all(c.extensions == [0.75, 1.0] for c in cells) and tb["knobs"] == {"recent": 32, "accumulate_scores": True}
+    # no recent window best: with last-chunk scores that is the natural bound (H2O = LoCoCo λ = 0), accumulated not
+    tb = tune_baseline(cfg, "h2o", M, lambda kn: 2.0 + 0.01 * kn["recent"] + 0.001 * kn["accumulate_scores"])
+    last, acc = tb["tuned"].values()
+    assert last.value == acc.value == 0.0 and last.at_natural_bound and last.ok and last.reduces_to == H2O_BOUND_ARM
+    assert not acc.ok and tb["knobs"] == {"recent": 0, "accumulate_scores": False}
+    assert not tune_baseline(dataclasses.replace(cfg, h2o_natural_bound=False), "h2o", M,
+                             lambda kn: 2.0 + 0.01 * kn["recent"])["tuned"][
+                                 "recent_fraction (accumulate_scores=False)"].ok
+    # each setting is evaluated once; TOVA is a two-way switch
+    seen = []
+    tb = tune_baseline(cfg, "tova", M, lambda kn: seen.append(kn) or (1.0 if kn["tova_per_head"] else 2.0))
+    assert tb["knobs"] == {"tova_per_head": True} and tb["tuned"] == {} and len(seen) == 2
+
+
+def test_h2o_at_its_natural_bound_equals_the_lococo_lambda0_arm():
+    """The experiment's own arms: H2O with recent fraction 0 and last-chunk scores (the natural bound declared in the
+    Config) gives the same validation losses as the lococo_lambda0 arm built as in ``run``; accumulated scores do
+    not (so the test can tell them apart)."""
+    cfg = Config.quick()
+    torch.manual_seed(0)
+    model = tiny_llama(hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+                       intermediate_size=cfg.intermediate_size, seed=0)
+    ids = torch.randint(0, 256, (3, cfg.context), generator=torch.Generator().manual_seed(1))
+    for M in cfg.budgets:
+        sel = make_compressors(num_layers=cfg.num_layers, head_dim=cfg.hidden_size // cfg.num_heads, budget=M,
+                               chunk_size=cfg.chunk, kernel_size=cfg.kernel_size, hh_keep_rate=cfg.hh_keep_rate,
+                               lambda_init=0.0, learn_lambda=False, seed=0)
+        lam0 = window_losses(model, ids, chunk=cfg.chunk, cache_kwargs={"policy": "lococo", "budget": M,
+                                                                         "compressors": sel})
+        got = {}
+        tune_baseline(cfg, "h2o", M, lambda kn, M=M, got=got: got.setdefault(
+            kn["accumulate_scores"], window_losses(model, ids, chunk=cfg.chunk, cache_kwargs={
+                "policy": "h2o", "budget": M, **kn})).mean() if kn["recent"] == 0 else 9.0)
+        np.testing.assert_allclose(got[False], lam0, rtol=0, atol=1e-5)
+        assert np.abs(got[True] - lam0).max() > 1e-3
 
 
 def test_config_rejects_bad_values():
@@ -58,3 +167,11 @@ def test_config_rejects_bad_values():
         Config(passkey_distances=(50,))
     with pytest.raises(ValueError, match="chunk"):
         Config(chunk=0)
+    with pytest.raises(ValueError, match="sink_grid"):
+        Config(sink_grid=(4,))
+    with pytest.raises(ValueError, match="recent_grid"):
+        Config(recent_grid=(0.5,))
+    with pytest.raises(ValueError, match="h2o_natural_bound"):
+        Config(recent_grid=(0.25, 0.5))
+    with pytest.raises(ValueError, match="grid_extra"):
+        Config(grid_extra=-1)
