@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from icml24.common.results import RunResult
+from icml24.common.results import RunResult, verdict
 from icml24.dp_public import privunitg
-from icml24.dp_public.experiment import Config, linear_betas, run
+from icml24.dp_public.experiment import Config, e3_claim, e4_claim, linear_betas, run
+
+CHECKER = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +77,10 @@ def test_training_checks_are_paired_claims(quick):
         assert c.measured == pytest.approx(float(np.mean(d)))
     assert all(c.threshold == 0.0 and c.passed == (c.ci_high <= 0.0) for c in e3)
     assert all(c.threshold == -0.5 and c.passed == (c.ci_low >= -0.5) for c in e4)
-    assert result.verdict["claims_total"] == 2 + len(e3) + len(e4) and result.verdict["mechanisms_total"] == 4
+    v = result.verdict
+    assert v["claims_total"] + v["claims_void"] == 2 + len(e3) + len(e4) and v["mechanisms_total"] == 4
+    assert [c.name for c in e3] == [e3_claim(r, b) for r in cfg.lin_ratios for b in ("dp_gd_all", "semi_dp_beta_eq")]
+    assert [c.name for c in e4] == [e4_claim(e) for e in cfg.dig_epsilons]
 
 
 def test_equal_budgets_and_public_validation_on_quick_run(quick):
@@ -102,7 +111,7 @@ def test_semi_dp_training_direction_on_quick_run(quick):
 
 def test_epsilon_spent_by_training_is_within_target(quick):
     result, _ = quick
-    assert set(result.extra) == {"E1", "E2", "E3", "E4"}
+    assert set(result.extra) == {"E1", "E2", "E3", "E4", "tuning"}
     for row in result.extra["E4"]["per_seed"]:
         spent = row["epsilon_spent"]
         assert set(spent) == {f"{m} eps={e:g}" for m in ("dp_sgd_all", "semi_dp") for e in Config.quick().dig_epsilons}
@@ -134,6 +143,15 @@ def test_regime_sanity_checks_compare_with_the_non_private_reference(quick):
     assert len(reg) == 2 * len(cfg.lin_ratios) + len(cfg.dig_epsilons) + 1
     for c in reg:
         assert c.kind == "sanity" and c.n == len(cfg.seeds) and c.direction == ">="
+        assert c.detail.startswith("the regime: ")
+        # a per-cell regime check guards that cell's claims only
+        if c.name.startswith("E3"):
+            r = float(c.name.split("ratio ")[1].split(")")[0])
+            assert c.guards == [e3_claim(r, b) for b in ("dp_gd_all", "semi_dp_beta_eq")]
+        elif "ε=" in c.name:
+            assert c.guards == [e4_claim(float(c.name.split("ε=")[1].split(")")[0]))]
+        else:  # public-only SGD does not depend on ε: every E4 claim
+            assert c.guards == [e4_claim(e) for e in cfg.dig_epsilons]
         m, b = ([r["metrics"][a][c.metric] for r in result.per_seed] for a in (c.method_arm, c.baseline_arm))
         if c.name.startswith("E3"):
             assert c.baseline_arm.startswith("E3 non_private") and c.threshold == pytest.approx(np.log(1.05))
@@ -149,15 +167,65 @@ def test_regime_sanity_checks_compare_with_the_non_private_reference(quick):
         assert ref < pub
 
 
-def test_interior_checks_cover_every_tuned_knob_and_fail_on_single_value_grids(quick):
+def test_tuning_checks_cover_every_tuned_knob_and_guard_their_experiment(quick):
     result, _ = quick
     cfg = Config.quick()
-    inner = [c for c in result.claim_checks if c.metric == "interior_fraction"]
+    inner = [c for c in result.claim_checks if c.metric == "tuned_inside_fraction"]
     assert {c.method_arm for c in inner} == {"E3 semi_dp", "E3 dp_gd_all", "E3 semi_dp_beta_eq", "E3 non_private",
                                             "E4 semi_dp", "E4 dp_sgd_all", "E4 public_only", "E4 non_private"}
-    assert len(inner) == 9  # semi-DP's β and η in E3
+    assert len(inner) == 9  # semi-DP's β and η in E3 (E4's β is fixed)
+    e3_all = [e3_claim(r, b) for r in cfg.lin_ratios for b in ("dp_gd_all", "semi_dp_beta_eq")]
     for c in inner:
-        assert c.kind == "sanity" and c.threshold == cfg.interior_min_fraction
-    # quick: one η per arm, so every η pick is at the edge; E3's β grid has two values (n_priv/n, 0.99)
-    assert all(c.measured == 0.0 and not c.passed for c in inner)
-    assert result.label.startswith("inconclusive")
+        assert c.kind == "sanity" and c.threshold == cfg.interior_min_fraction and c.detail.startswith("tuning: ")
+        assert c.passed == (c.measured >= c.threshold)
+        exp = c.method_arm.split()[0]
+        if exp == "E4":
+            assert c.guards == [e4_claim(e) for e in cfg.dig_epsilons]
+        elif c.method_arm in ("E3 dp_gd_all", "E3 semi_dp_beta_eq"):  # only the claims against that arm
+            assert c.guards == [e3_claim(r, c.method_arm.split()[1]) for r in cfg.lin_ratios]
+        else:
+            assert c.guards == e3_all
+    # the extensions are recorded, within the budget, and the pick is in the evaluated grid
+    tun = result.extra["tuning"]
+    assert tun["grid_extra"] == cfg.grid_extra
+    cells = [t for r in cfg.lin_ratios for row in tun["E3"][f"ratio={r:g}"] for t in row.values()]
+    cells += [t for row in tun["E4"] for t in row.values()]
+    assert len(cells) == len(cfg.seeds) * (5 * len(cfg.lin_ratios) + 2 + 2 * len(cfg.dig_epsilons))
+    for t in cells:
+        assert len(t["extensions"]) <= cfg.grid_extra and t["picked"] in t["grid"]
+        assert all(e in t["grid"] for e in t["extensions"])
+    for row, res in zip(tun["E3"][f"ratio={cfg.lin_ratios[0]:g}"], result.extra["E3"]["per_seed"], strict=True):
+        assert row["semi_dp_beta"]["picked"] == pytest.approx(res[str(cfg.lin_ratios[0])]["hp"]["semi_dp"]["beta"])
+
+
+def test_a_failed_guard_voids_exactly_the_claims_it_names(quick):
+    result, _ = quick
+    cfg = Config.quick()
+    base = copy.deepcopy(result.claim_checks)
+    for c in base:
+        if c.kind == "sanity":
+            c.passed = True
+    claims = [c.name for c in base if c.kind == "claim"]
+    r = cfg.lin_ratios[0]
+    for pick, voided in (("E3 dp_gd_all's tuned η", [e3_claim(r, "dp_gd_all")]),
+                         (f"E3 regime (ratio {r:g}): DP noise", [e3_claim(r, b) for b in ("dp_gd_all",
+                                                                                          "semi_dp_beta_eq")]),
+                         ("E4 public-only's tuned η", [e4_claim(e) for e in cfg.dig_epsilons])):
+        checks = copy.deepcopy(base)
+        guard = next(c for c in checks if c.kind == "sanity" and c.name.startswith(pick))
+        guard.passed = False
+        v = verdict(checks)
+        assert sorted(c.name for c in checks if c.kind == "claim" and c.void) == sorted(voided), pick
+        assert v["claims_void"] == len(voided) and v["claims_total"] == len(claims) - len(voided)
+    # E1/E2 claims use no tuned arm and no regime check: nothing voids them
+    assert not any(c.void for c in result.claim_checks if c.kind == "claim" and c.name[:2] in ("E1", "E2"))
+
+
+def test_quick_results_pass_the_shared_checker(quick):
+    result, out = quick
+    data = json.loads((out / "results.json").read_text())
+    assert data["schema_version"] == 3 and "claims_void" in data["verdict"]
+    if not CHECKER.exists():
+        pytest.skip(f"{CHECKER} not found")
+    proc = subprocess.run([sys.executable, str(CHECKER), str(out / "results.json")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

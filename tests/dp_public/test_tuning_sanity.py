@@ -1,4 +1,4 @@
-"""The shared 'tuned value inside its grid' sanity check (icml24.common.tuning) and dp_public's grids."""
+"""dp_public's tuning (common.tuning.tune_grid per cell, semi-DP's β outside η) and its grids and thresholds."""
 
 from __future__ import annotations
 
@@ -6,44 +6,50 @@ import math
 
 import pytest
 
-from icml24.common.tuning import interior_check, interior_fraction
-from icml24.dp_public.experiment import Config, linear_betas, tuning_grids
+from icml24.dp_public.experiment import Config, linear_betas, tune_beta_lr, tune_lr, tuning_grids
 
 
-def test_interior_check_fails_on_edge_picks_and_passes_on_interior_ones():
-    grid = (0.1, 0.3, 1.0)
-    edge = interior_check(name="x", picked=[1.0, 1.0, 0.1, 0.3], grid=grid, threshold=0.5, arm="a", mild="low")
-    assert edge.kind == "sanity" and edge.measured == 0.25 and not edge.passed and edge.n == 4
-    assert "1 strictly inside, 1 at the low end, 2 at the high end" in edge.detail
-    assert "1/4 at the mildest (low) end" in edge.detail
-    inside = interior_check(name="x", picked=[0.3, 0.3, 1.0], grid=grid, threshold=0.5)
-    assert inside.measured == pytest.approx(2 / 3) and inside.passed
-    # exactly at the threshold passes (">=")
-    assert interior_check(name="x", picked=[0.3, 0.1], grid=grid, threshold=0.5).passed
+def test_tune_lr_extends_a_winning_edge_by_its_ratio_and_stops_at_the_budget():
+    calls: list[float] = []
+
+    def fit(lr):  # validation MSE falls with η: the top edge keeps winning
+        calls.append(lr)
+        return 1.0 / lr, 2.0 / lr
+
+    t = tune_lr(fit, [0.1, 0.3, 0.9], maximize=False, max_extra=2)
+    assert t.extensions == pytest.approx([2.7, 8.1]) and t.value == pytest.approx(8.1) and not t.ok
+    assert calls == pytest.approx([0.1, 0.3, 0.9, 2.7, 8.1])
+    assert t.at("test") == [pytest.approx(2.0 / 8.1)]  # the test metric of the picked value
+    # an interior optimum: no extension, the pick is inside
+    t = tune_lr(lambda lr: (-abs(math.log(lr / 0.3)), 0.0), [0.1, 0.3, 0.9], maximize=True, max_extra=2)
+    assert t.extensions == [] and t.value == pytest.approx(0.3) and t.ok
 
 
-def test_interior_fraction_per_cell_grids_and_degenerate_grids():
-    # one grid per cell: 0.99 is inside {0.95, 0.99, 0.995} but the top of {0.9, 0.99}
-    assert interior_fraction([0.99, 0.99], [[0.95, 0.99, 0.995], [0.9, 0.99]]) == 0.5
-    # a grid with fewer than three distinct values has no interior
-    assert interior_fraction([0.2, 0.6], (0.2, 0.6)) == 0.0
-    assert interior_fraction([0.3], (0.3,)) == 0.0
-    # float picks from np.geomspace match their grid values
-    grid = [0.2 * (9.0 ** (k / 11)) for k in range(12)]
-    assert interior_fraction([grid[5], grid[0], grid[11]], grid) == pytest.approx(1 / 3)
+def test_tune_lr_scores_a_diverged_run_as_the_worst():
+    t = tune_lr(lambda lr: (math.nan if lr > 0.5 else lr, lr), [0.1, 0.3, 0.9], maximize=False, max_extra=1)
+    assert t.value == pytest.approx(0.1 / 3) and t.extensions == pytest.approx([0.1 / 3])  # low edge wins, extends
+    assert t.mean(0.9) == 1e30
 
 
-def test_interior_check_errors_name_the_argument():
-    with pytest.raises(ValueError, match="not in its grid"):
-        interior_fraction([0.5], (0.1, 0.3, 1.0))
-    with pytest.raises(ValueError, match="2 picks but 1 grids"):
-        interior_fraction([0.1, 0.3], [[0.1, 0.3, 1.0]])
-    with pytest.raises(ValueError, match="picked must not be empty"):
-        interior_fraction([], (0.1,))
-    with pytest.raises(ValueError, match="threshold"):
-        interior_check(name="x", picked=[0.1], grid=(0.1,), threshold=1.5)
-    with pytest.raises(ValueError, match="mild"):
-        interior_check(name="x", picked=[0.1], grid=(0.1,), mild="middle")
+def test_tune_beta_lr_tunes_beta_on_the_public_weight_and_eta_inside():
+    seen: list[tuple[float, float]] = []
+
+    def fit(beta, lr):  # best β = 0.9, best η = 0.3 at every β
+        seen.append((round(beta, 12), lr))
+        return (beta - 0.9) ** 2 + (math.log(lr / 0.3)) ** 2, 0.0
+
+    outer, inner, beta = tune_beta_lr(fit, (0.8, 0.9, 0.95, 0.99), [0.1, 0.3, 0.9], maximize=False, max_extra=2)
+    assert beta == pytest.approx(0.9) and inner.value == pytest.approx(0.3) and outer.ok and inner.ok
+    assert outer.grid == pytest.approx(sorted(1 - b for b in (0.8, 0.9, 0.95, 0.99)))  # no extension needed
+    assert {b for b, _ in seen} == {0.8, 0.9, 0.95, 0.99}
+    # β close to 1 keeps winning: the public weight 1 − β extends geometrically toward 0, never to β = 1
+    outer, _, beta = tune_beta_lr(lambda b, lr: (1 - b, 0.0), (0.9, 0.95, 0.99), [0.1, 0.3], maximize=False,
+                                  max_extra=2)
+    assert [round(1 - w, 12) for w in outer.extensions] == pytest.approx([0.998, 0.9996]) and not outer.ok
+    assert beta == pytest.approx(0.9996)
+    # a single β: only η is tuned
+    outer, inner, beta = tune_beta_lr(fit, (0.5,), [0.1, 0.3, 0.9], maximize=False, max_extra=2)
+    assert outer is None and beta == 0.5 and inner.value == pytest.approx(0.3)
 
 
 def test_full_grids_have_an_interior_and_equal_budgets():
@@ -61,10 +67,14 @@ def test_full_grids_have_an_interior_and_equal_budgets():
     assert linear_betas(cfg, 0.01).count(0.99) == 1
 
 
-def test_sanity_thresholds_are_validated():
-    for kw in ({"regime_mse_ratio": 0.9}, {"regime_acc_gap": -1.0}, {"interior_min_fraction": 1.5}):
+def test_sanity_thresholds_and_tuning_budget_are_validated():
+    for kw in ({"regime_mse_ratio": 0.9}, {"regime_acc_gap": -1.0}, {"interior_min_fraction": 1.5},
+               {"grid_extra": -1}, {"lin_lrs": (0.3,)}, {"dig_lrs": (1.0, 1.0)}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             Config(**kw)
+    with pytest.raises(ValueError, match="dig_betas"):
+        Config(dig_betas=(0.5, 1.0))  # several β are tuned on 1 − β: β = 1 has no log
+    Config(dig_betas=(1.0,))  # one β is not tuned
     cfg = Config()
     assert cfg.regime_mse_ratio == 1.05 and cfg.regime_acc_gap == 1.0 and cfg.interior_min_fraction == 0.5
-    assert math.log(cfg.regime_mse_ratio) > 0
+    assert cfg.grid_extra == 2 and math.log(cfg.regime_mse_ratio) > 0

@@ -9,6 +9,11 @@ Four experiments (paper notes §5), every arm on identical data and seeds:
 - E3 semi-DP linear regression (scaled-down official config): throw-away least squares on public data,
   DP-GD on all data (public treated as private), semi-DP GD; hyper-parameters selected on validation data.
 - E4 semi-DP logistic regression on sklearn digits: public-only SGD, DP-SGD on all data, semi-DP SGD.
+
+Tuning (issue 26): every learning rate η is tuned per cell with ``common.tuning.tune_grid`` on the public
+validation split (a geometric grid that extends itself by its ratio, up to ``grid_extra`` points, past an edge that
+keeps winning); semi-DP's (β, η) product grid is tuned as β outside (on the public weight 1 − β, a geometric
+scale) with η tuned inside at every β. No knob here has a natural bound: no edge of any grid equals another arm.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult
 from icml24.common.seeding import seed_everything, torch_generator
-from icml24.common.tuning import interior_check
+from icml24.common.tuning import Tuned, tune_grid, tuning_check
 from icml24.dp_public.mean_estimation import (
     central_mse,
     ldp_mse,
@@ -109,7 +114,9 @@ class Config(ExperimentConfig):
     dig_steps: int = field(default=500, metadata=_h("iterations T (notes §5 E4)"))
     dig_batch: int = field(default=64, metadata=_h("expected private (Poisson) batch and public batch "
                                                     "(notes §5 E4)"))
-    dig_betas: tuple[float, ...] = field(default=(0.5,), metadata=_h("β grid for semi-DP (official CIFAR β=0.4)"))
+    dig_betas: tuple[float, ...] = field(default=(0.5,), metadata=_h(
+        "β grid for semi-DP (official CIFAR β=0.4); with more than one value, each in [0, 1) (tuned on the public "
+        "weight 1 − β, a geometric scale)"))
     dig_lrs: tuple[float, ...] = field(default=(0.1, 0.3, 1.0, 3.0), metadata=_h(
         "η grid of semi-DP (x the β grid); each one-knob arm gets as many η, log-spaced over the same range"))
     # ---- sanity thresholds (fixed before the first full run with them)
@@ -120,8 +127,11 @@ class Config(ExperimentConfig):
         "E4 regime: non-private SGD on all data must beat DP-SGD on all data (per ε) and public-only SGD by >= "
         "this many accuracy points (paired 95% CI above it)"))
     interior_min_fraction: float = field(default=0.5, metadata=_h(
-        "sanity: per arm and tuned knob, the least fraction of (seed, cell) picks strictly inside the grid "
-        "(as kd_ranking)"))
+        "sanity (tuning): per arm and tuned knob, the least fraction of (seed, cell) picks strictly inside the "
+        "evaluated grid, after its extensions (as kd_ranking)"))
+    grid_extra: int = field(default=2, metadata=_h(
+        "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets the same "
+        "budget"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -150,6 +160,13 @@ class Config(ExperimentConfig):
         # β = 1 is private-only DP-GD, β = 0 public-only: the grid must mix both
         val.each(w, "lin_betas", self.lin_betas, val.probability, open_low=True, open_high=True)
         val.each(w, "dig_betas", self.dig_betas, val.probability)
+        if len(set(self.dig_betas)) > 1:  # tuned on 1 − β, a geometric scale: β = 1 has no log
+            val.each(w, "dig_betas (more than one: tuned on 1 − β)", self.dig_betas, val.probability,
+                     open_high=True)
+        val.integer(w, "grid_extra", self.grid_extra, minimum=0)
+        for name in ("lin_lrs", "dig_lrs"):  # tune_grid needs two values to tune
+            if len(set(getattr(self, name))) < 2:
+                raise ValueError(f"{w}: {name} needs >= 2 distinct values (tune_grid), got {getattr(self, name)}")
         val.each(w, "lin_lrs", self.lin_lrs, val.positive)
         val.each(w, "dig_lrs", self.dig_lrs, val.positive)
         val.probability(w, "dig_public_frac", self.dig_public_frac, open_low=True, open_high=True)
@@ -162,8 +179,8 @@ class Config(ExperimentConfig):
     def quick(cls) -> Config:
         return cls(seeds=(0, 1), me_n_pub=(10, 50, 200), me_epsilons=(0.5, 2.0), me_trials=30,
                    ldp_n_pub=(10, 200), ldp_epsilons=(1.0, 4.0), ldp_trials=30, ldp_n=2000,
-                   lin_ratios=(0.05,), lin_betas=(0.99,), lin_lrs=(0.3,), lin_n_test=4000,
-                   dig_epsilons=(1.0,), dig_steps=150, dig_betas=(0.5,), dig_lrs=(1.0,))
+                   lin_ratios=(0.05,), lin_betas=(0.99,), lin_lrs=(0.3, 0.9), lin_n_test=4000,
+                   dig_epsilons=(1.0,), dig_steps=150, dig_betas=(0.5,), dig_lrs=(0.3, 1.0), grid_extra=1)
 
 
 # ------------------------------------------------------------------------------------------------- E1
@@ -284,6 +301,57 @@ def _lin_mse(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
     return float(((x @ w - y) ** 2).mean())
 
 
+_DIVERGED = 1e30  # a validation MSE that is not finite (a diverged run) scores as this, the worst
+
+
+def tune_lr(fit: Any, lrs: list[float], *, maximize: bool, max_extra: int) -> Tuned:
+    """η tuned with :func:`tune_grid` on a geometric grid: ``fit(lr)`` returns ``(validation score, test metric)``
+    of the arm trained at ``lr``; one replicate unit per cell (the validation split's score)."""
+    def evaluate(values: list[float]) -> list[dict[str, list[float]]]:
+        out = []
+        for lr in values:
+            v, t = fit(lr)
+            out.append({"val": [v if math.isfinite(v) else (-_DIVERGED if maximize else _DIVERGED)], "test": [t]})
+        return out
+    return tune_grid(evaluate, lrs, score="val", maximize=maximize, log=True, max_extra=max_extra)
+
+
+def tune_beta_lr(fit: Any, betas: tuple[float, ...], lrs: list[float], *, maximize: bool, max_extra: int
+                 ) -> tuple[Tuned | None, Tuned, float]:
+    """Semi-DP's (β, η): β tuned with :func:`tune_grid` on the public weight 1 − β (a geometric scale; an extension
+    stops at 1 − β = 1, public only), η tuned inside at every β. ``fit(beta, lr)`` as in :func:`tune_lr`.
+
+    Returns ``(outer, inner, beta)``: the Tuned of 1 − β (None when one β is given), the η Tuned at the picked β,
+    and the picked β.
+    """
+    if len(set(betas)) == 1:
+        b = float(betas[0])
+        return None, tune_lr(lambda lr: fit(b, lr), lrs, maximize=maximize, max_extra=max_extra), b
+    inner: dict[float, Tuned] = {}
+
+    def evaluate(weights: list[float]) -> list[dict[str, list[float]]]:
+        out = []
+        for w in weights:
+            b = _beta(w)
+            t = inner[w] = tune_lr(lambda lr, b=b: fit(b, lr), lrs, maximize=maximize, max_extra=max_extra)
+            out.append({"val": t.at("val"), "test": t.at("test"), "lr": [t.value]})
+        return out
+    outer = tune_grid(evaluate, [1.0 - b for b in betas], score="val", maximize=maximize, log=True,
+                      max_extra=max_extra, limits=(None, 1.0))
+    return outer, inner[outer.value], _beta(outer.value)
+
+
+def _beta(public_weight: float) -> float:
+    return round(1.0 - public_weight, 12)
+
+
+def _tuned_summary(t: Tuned, *, beta_scale: bool = False) -> dict[str, Any]:
+    """A Tuned as JSON: pick, evaluated grid and extensions (as β when ``beta_scale``: t tunes 1 − β)."""
+    f = _beta if beta_scale else float
+    return {"picked": f(t.value), "grid": sorted(f(v) for v in t.grid), "extensions": [f(v) for v in t.extensions],
+            "ok": t.ok}
+
+
 def tuning_grids(betas: tuple[float, ...], lrs: tuple[float, ...]) -> tuple[list[tuple[float, float]], list[float]]:
     """Equal tuning budgets: the (β, η) product grid of semi-DP, and a log-spaced η grid with as many points,
     over the same range, for each one-knob arm (same number of configurations evaluated on validation)."""
@@ -343,24 +411,27 @@ def run_linear(cfg: Config, seed: int, ratio: float) -> dict[str, Any]:
                       batch_size=None, public_batch_size=None, generator=g)
         return model.weight.detach()[0]
 
-    def best(mode: str, configs: list[tuple[float, float]]) -> tuple[float, dict[str, float]]:
-        top = (math.inf, math.inf, {"lr": math.nan, "beta": math.nan})
-        for b, lr in configs:
-            w = train(mode, lr, b)
-            val = _lin_mse(w, x_val, y_val)
-            if math.isfinite(val) and val < top[0]:
-                top = (val, _lin_mse(w, x_te, y_te), {"lr": lr, "beta": b})
-        return top[1], top[2]
+    def fit(mode: str, beta: float) -> Any:
+        def go(lr: float) -> tuple[float, float]:
+            w = train(mode, lr, beta)
+            return _lin_mse(w, x_val, y_val), _lin_mse(w, x_te, y_te)
+        return go
 
-    dp_all, hp_all = best("dp_sgd_all", [(1.0, lr) for lr in one_knob])
-    eq, hp_eq = best("semi_dp", [(beta_eq, lr) for lr in one_knob])
-    semi, hp_semi = best("semi_dp", grid)
-    non_priv, hp_np = best("non_private", [(0.0, lr) for lr in one_knob])
-    return {"throw_away": _lin_mse(w_ls, x_te, y_te), "dp_gd_all": dp_all, "semi_dp_beta_eq": eq, "semi_dp": semi,
-            "non_private": non_priv,
-            "hp": {"dp_gd_all": hp_all, "semi_dp_beta_eq": hp_eq, "semi_dp": hp_semi, "non_private": hp_np},
+    kw = {"maximize": False, "max_extra": cfg.grid_extra}
+    t_all = tune_lr(fit("dp_sgd_all", 1.0), one_knob, **kw)
+    t_eq = tune_lr(fit("semi_dp", beta_eq), one_knob, **kw)
+    t_beta, t_semi, b_semi = tune_beta_lr(lambda b, lr: fit("semi_dp", b)(lr), linear_betas(cfg, ratio),
+                                          list(cfg.lin_lrs), **kw)
+    t_np = tune_lr(fit("non_private", 0.0), one_knob, **kw)
+    tuned = {"dp_gd_all": t_all, "semi_dp_beta_eq": t_eq, "semi_dp": t_semi, "non_private": t_np}
+    betas = {"dp_gd_all": 1.0, "semi_dp_beta_eq": beta_eq, "semi_dp": b_semi, "non_private": 0.0}
+    return {"throw_away": _lin_mse(w_ls, x_te, y_te), **{a: t.at("test")[0] for a, t in tuned.items()},
+            "hp": {a: {"lr": t.value, "beta": betas[a]} for a, t in tuned.items()},
             "grid": {"beta": [b for b, _ in grid], "lr": list(cfg.lin_lrs), "one_knob_lr": one_knob},
-            "n_priv": n_priv, "beta_eq": beta_eq, "budget": len(grid)}
+            "n_priv": n_priv, "beta_eq": beta_eq, "budget": len(grid),
+            "tuning": {**{a: _tuned_summary(t) for a, t in tuned.items()},
+                       **({"semi_dp_beta": _tuned_summary(t_beta, beta_scale=True)} if t_beta else {})},
+            "tuned": {**tuned, "semi_dp_beta": t_beta}}
 
 
 # ------------------------------------------------------------------------------------------------- E4
@@ -399,36 +470,46 @@ def run_digits(cfg: Config, seed: int) -> dict[str, Any]:
 
     spent: dict[tuple[str, float], float] = {}
 
-    def best(mode: str, eps: float, configs: list[tuple[float, float]]) -> tuple[float, dict[str, float]]:
-        top = (-1.0, 0.0, {})
-        for b, lr in configs:
-            torch.manual_seed(seed)
-            model = torch.nn.Linear(x.shape[1], split.n_classes).to(cfg.device)
-            # non-private reference: clipped minibatch SGD on all training data (public_only on the union)
-            kw = dict(data, x_pub=x_all, y_pub=y_all) if mode == "non_private" else data
-            tr = train_semi_dp(model, _ce, mode="public_only" if mode == "non_private" else mode,  # type: ignore
-                               epsilon=eps, delta=cfg.delta,
-                               steps=cfg.dig_steps, lr=lr, beta=b, max_grad_norm=cfg.clip_norm,
-                               batch_size=cfg.dig_batch, public_batch_size=cfg.dig_batch,
-                               clip_public=mode in ("semi_dp", "non_private"), generator=g, **kw)
-            if tr.epsilon is not None:
-                spent[(mode, eps)] = max(spent.get((mode, eps), 0.0), tr.epsilon)
-            val = acc(model, x[iv], y[iv])
-            if val > top[0]:
-                top = (val, acc(model, x_te, y_te), {"lr": lr, "beta": b})
-        return top[1], top[2]
+    def fit(mode: str, eps: float, b: float, lr: float) -> tuple[float, float]:
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(x.shape[1], split.n_classes).to(cfg.device)
+        # non-private reference: clipped minibatch SGD on all training data (public_only on the union)
+        kw = dict(data, x_pub=x_all, y_pub=y_all) if mode == "non_private" else data
+        tr = train_semi_dp(model, _ce, mode="public_only" if mode == "non_private" else mode,  # type: ignore
+                           epsilon=eps, delta=cfg.delta,
+                           steps=cfg.dig_steps, lr=lr, beta=b, max_grad_norm=cfg.clip_norm,
+                           batch_size=cfg.dig_batch, public_batch_size=cfg.dig_batch,
+                           clip_public=mode in ("semi_dp", "non_private"), generator=g, **kw)
+        if tr.epsilon is not None:
+            spent[(mode, eps)] = max(spent.get((mode, eps), 0.0), tr.epsilon)
+        return acc(model, x[iv], y[iv]), acc(model, x_te, y_te)
 
-    pub_acc, hp_pub = best("public_only", 1.0, [(0.0, lr) for lr in one_knob])  # ε-independent
-    np_acc, hp_np = best("non_private", 1.0, [(0.0, lr) for lr in one_knob])  # ε-independent
+    kw = {"maximize": True, "max_extra": cfg.grid_extra}
+    t_pub = tune_lr(lambda lr: fit("public_only", 1.0, 0.0, lr), one_knob, **kw)  # ε-independent
+    t_np = tune_lr(lambda lr: fit("non_private", 1.0, 0.0, lr), one_knob, **kw)  # ε-independent
+    hp_pub = {"lr": t_pub.value, "beta": 0.0}
     out: dict[str, Any] = {"public_only": {}, "dp_sgd_all": {}, "semi_dp": {}, "hp": {}, "n_pub": n_pool - n_val,
-                           "n_val": n_val, "n_priv": len(ipriv), "budget": len(grid), "non_private": np_acc,
-                           "hp_non_private": hp_np,
-                           "grid": {"lr": list(cfg.dig_lrs), "beta": list(cfg.dig_betas), "one_knob_lr": one_knob}}
+                           "n_val": n_val, "n_priv": len(ipriv), "budget": len(grid),
+                           "non_private": t_np.at("test")[0], "hp_non_private": {"lr": t_np.value, "beta": 0.0},
+                           "grid": {"lr": list(cfg.dig_lrs), "beta": list(cfg.dig_betas), "one_knob_lr": one_knob},
+                           "tuning": {"public_only": _tuned_summary(t_pub), "non_private": _tuned_summary(t_np)},
+                           "tuned": {"public_only": t_pub, "non_private": t_np}}
     for eps in cfg.dig_epsilons:
-        out["public_only"][eps] = pub_acc
-        out["dp_sgd_all"][eps], hp_all = best("dp_sgd_all", eps, [(1.0, lr) for lr in one_knob])
-        out["semi_dp"][eps], hp_semi = best("semi_dp", eps, grid)
-        out["hp"][eps] = {"public_only": hp_pub, "dp_sgd_all": hp_all, "semi_dp": hp_semi}
+        t_all = tune_lr(lambda lr, eps=eps: fit("dp_sgd_all", eps, 1.0, lr), one_knob, **kw)
+        t_beta, t_semi, b_semi = tune_beta_lr(lambda b, lr, eps=eps: fit("semi_dp", eps, b, lr), cfg.dig_betas,
+                                              list(cfg.dig_lrs), **kw)
+        out["public_only"][eps] = t_pub.at("test")[0]
+        out["dp_sgd_all"][eps] = t_all.at("test")[0]
+        out["semi_dp"][eps] = t_semi.at("test")[0]
+        out["hp"][eps] = {"public_only": hp_pub, "dp_sgd_all": {"lr": t_all.value, "beta": 1.0},
+                          "semi_dp": {"lr": t_semi.value, "beta": b_semi}}
+        out["tuning"][f"dp_sgd_all eps={eps:g}"] = _tuned_summary(t_all)
+        out["tuning"][f"semi_dp eps={eps:g}"] = _tuned_summary(t_semi)
+        out["tuned"][("dp_sgd_all", eps)] = t_all
+        out["tuned"][("semi_dp", eps)] = t_semi
+        if t_beta is not None:
+            out["tuning"][f"semi_dp_beta eps={eps:g}"] = _tuned_summary(t_beta, beta_scale=True)
+            out["tuned"][("semi_dp_beta", eps)] = t_beta
     out["epsilon_spent"] = {f"{m} eps={e:g}": v for (m, e), v in spent.items()}
     return out
 
@@ -548,7 +629,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         for base, pv in (("dp_gd_all", "semi-DP <= DP-GD on all data"),
                          ("semi_dp_beta_eq", "tuned β beats β = n_priv/n")):
             checks.append(rec.paired(
-                name=f"E3 tuned-β semi-DP test MSE < {base} (ratio {r:g})", metric="test_mse",
+                name=e3_claim(r, base), metric="test_mse",
                 method_arm=f"E3 semi_dp ratio={r:g}", baseline_arm=f"E3 {base} ratio={r:g}", direction="<=",
                 threshold=0.0, log_ratio=True, kind="claim", paper_value=pv,
                 detail="paired per-seed log(semi-DP tuned / baseline) against log 1; equal tuning budgets on the "
@@ -556,7 +637,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         lin_table[r] = {a: [lr[r][a] for lr in lin_runs] for a in LIN_ARMS}
     for eps in cfg.dig_epsilons:
         base = max(("public_only", "dp_sgd_all"), key=lambda a: s[f"E4 {a} eps={eps:g}"]["acc"]["mean"])
-        checks.append(rec.paired(name=f"E4 semi-DP acc >= best baseline - 0.5 pt (ε={eps:g})", metric="acc",
+        checks.append(rec.paired(name=e4_claim(eps), metric="acc",
                                  method_arm=f"E4 semi_dp eps={eps:g}", baseline_arm=f"E4 {base} eps={eps:g}",
                                  direction=">=", threshold=-0.5, kind="claim", paper_value="semi-DP >= baselines"))
 
@@ -569,6 +650,13 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             _plot_linear(cfg, lin_table, out_dir / "linreg_mse_vs_ratio.png"),
             _plot_digits(cfg, dig_runs, out_dir / "digits_acc_vs_eps.png")]
     chosen = {str(r): [lr[r]["hp"]["semi_dp"]["beta"] for lr in lin_runs] for r in cfg.lin_ratios}
+    tuning = {"E3": {f"ratio={r:g}": [lr[r]["tuning"] for lr in lin_runs] for r in cfg.lin_ratios},
+              "E4": [dr["tuning"] for dr in dig_runs], "grid_extra": cfg.grid_extra}
+    for lr in lin_runs:  # the Tuned objects were for the checks; extra keeps their JSON summaries
+        for res in lr.values():
+            res.pop("tuned", None)
+    for dr in dig_runs:
+        dr.pop("tuned", None)
     extra = {
         "E1": {"n_pub": cfg.me_n_pub, "epsilons": cfg.me_epsilons, "band": band, "better_baseline_is_throw_away":
                me_base, "mc_mse": me_mean, "analytic_mse": me_an, "weighted_over_best": me_ratio},
@@ -580,8 +668,25 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                "beta_grid": {str(r): linear_betas(cfg, r) for r in cfg.lin_ratios}},
         "E4": {"per_seed": [{k: ({str(e): vv for e, vv in v.items()} if isinstance(v, dict) else v)
                              for k, v in dr.items()} for dr in dig_runs]},
+        "tuning": tuning,
     }
     return rec.finish(checks, artifacts=arts, extra=extra)
+
+
+def e3_claim(ratio: float, base: str) -> str:
+    """The name of E3's claim against ``base`` at public fraction ``ratio`` (guards name claims exactly)."""
+    return f"E3 tuned-β semi-DP test MSE < {base} (ratio {ratio:g})"
+
+
+def e4_claim(eps: float) -> str:
+    """The name of E4's claim at privacy level ``eps``."""
+    return f"E4 semi-DP acc >= best baseline - 0.5 pt (ε={eps:g})"
+
+
+def _lead(check: ClaimCheck, sentence: str) -> ClaimCheck:
+    """Put the one sentence naming what a sanity check guards against first in its detail."""
+    check.detail = f"{sentence} {check.detail}".strip()
+    return check
 
 
 def _sanity_checks(cfg: Config, rec: RunRecorder, lin_runs: list[dict[float, dict[str, Any]]],
@@ -591,62 +696,97 @@ def _sanity_checks(cfg: Config, rec: RunRecorder, lin_runs: list[dict[float, dic
     Regime, against the non-private reference (the same clipped GD / SGD on all data without noise), paired over
     seeds with the 95% t interval: E3 per public fraction, DP-GD on all data and public least squares each have a
     test MSE >= ``regime_mse_ratio`` x the reference; E4 the reference beats DP-SGD on all data (per ε) and
-    public-only SGD by >= ``regime_acc_gap`` points. Tuning: per arm and knob, the fraction of (seed, cell) picks
-    strictly inside the grid searched is >= ``interior_min_fraction``.
+    public-only SGD by >= ``regime_acc_gap`` points. Each regime check guards the claims of its cell (E3: its public
+    fraction; E4: its ε, or every ε for the ε-independent public-only check). Tuning (``tuning_check``): per arm and
+    knob, the fraction of (seed, cell) picks strictly inside the evaluated grid, after up to ``grid_extra``
+    extensions, is >= ``interior_min_fraction``; it guards the claims of its experiment that depend on the arm
+    (E3 dp_gd_all / semi_dp_beta_eq: the claims against that arm; the method and the non-private reference, which
+    conditions the regime checks: every claim of the experiment).
     """
     thr = math.log(cfg.regime_mse_ratio)
+    e3_all = [e3_claim(r, b) for r in cfg.lin_ratios for b in ("dp_gd_all", "semi_dp_beta_eq")]
+    e4_all = [e4_claim(e) for e in cfg.dig_epsilons]
     out: list[ClaimCheck] = []
     for r in cfg.lin_ratios:
-        for base, what in (("dp_gd_all", "DP noise hurts: DP-GD on all data"),
-                           ("throw_away", "public data alone are not enough: public least squares")):
-            out.append(rec.paired(
+        for base, what, why in (
+                ("dp_gd_all", "DP noise hurts: DP-GD on all data",
+                 "the regime: DP noise must cost accuracy at this public fraction, else there is nothing for the "
+                 "public data to recover."),
+                ("throw_away", "public data alone are not enough: public least squares",
+                 "the regime: the public data alone must not suffice at this public fraction, else throwing the "
+                 "private data away is optimal.")):
+            out.append(_lead(rec.paired(
                 name=f"E3 regime (ratio {r:g}): {what} >= {cfg.regime_mse_ratio:g} x non-private GD test MSE",
                 metric="test_mse", method_arm=f"E3 {base} ratio={r:g}", baseline_arm=f"E3 non_private ratio={r:g}",
                 direction=">=", threshold=thr, log_ratio=True, kind="sanity",
+                guards=[e3_claim(r, b) for b in ("dp_gd_all", "semi_dp_beta_eq")],
                 detail="paired per-seed log(test MSE arm / non-private clipped full-batch GD on all data, η tuned "
-                       "on the same validation split with the same budget)"))
+                       "on the same validation split with the same budget)"), why))
     for eps in cfg.dig_epsilons:
-        out.append(rec.paired(
+        out.append(_lead(rec.paired(
             name=f"E4 regime (ε={eps:g}): DP noise hurts: non-private SGD >= DP-SGD on all data + "
                  f"{cfg.regime_acc_gap:g} pt", metric="acc", method_arm="E4 non_private",
             baseline_arm=f"E4 dp_sgd_all eps={eps:g}", direction=">=", threshold=cfg.regime_acc_gap, kind="sanity",
-            detail="paired per-seed accuracy difference (points)"))
-    out.append(rec.paired(
+            guards=[e4_claim(eps)], detail="paired per-seed accuracy difference (points)"),
+            "the regime: DP noise must cost accuracy at this ε, else there is nothing for the public data to "
+            "recover."))
+    out.append(_lead(rec.paired(
         name=f"E4 regime: public data alone are not enough: non-private SGD >= public-only SGD + "
              f"{cfg.regime_acc_gap:g} pt", metric="acc", method_arm="E4 non_private", baseline_arm="E4 public_only",
-        direction=">=", threshold=cfg.regime_acc_gap, kind="sanity", detail="paired per-seed accuracy difference"))
+        direction=">=", threshold=cfg.regime_acc_gap, kind="sanity", guards=e4_all,
+        detail="paired per-seed accuracy difference"),
+        "the regime: the public data alone must not suffice (at every ε: public-only SGD does not depend on ε), "
+        "else throwing the private data away is optimal."))
     thr_in = cfg.interior_min_fraction
-    cells = [(lr[r], r) for lr in lin_runs for r in cfg.lin_ratios]
-    out.append(interior_check(
-        name="E3 semi-DP's tuned β lies inside its grid", arm="E3 semi_dp", threshold=thr_in,
-        picked=[c["hp"]["semi_dp"]["beta"] for c, _ in cells], grid=[sorted(set(c["grid"]["beta"])) for c, _ in cells],
-        detail="(seed, public fraction) cells; grid {n_priv/n} ∪ lin_betas"))
-    out.append(interior_check(
+    cells = [lr[r]["tuned"] for lr in lin_runs for r in cfg.lin_ratios]
+    ext = f"up to {cfg.grid_extra} extensions past an edge that keeps winning"
+    if cells[0]["semi_dp_beta"] is not None:
+        out.append(tuning_check(
+            name="E3 semi-DP's tuned β lies inside its grid", arm="E3 semi_dp", threshold=thr_in,
+            tuned=[c["semi_dp_beta"] for c in cells], guards=e3_all,
+            detail=("tuning: semi-DP's β must lie inside its evaluated grid, else every E3 claim may compare an "
+                    "untuned method. (seed, public fraction) cells; grid {n_priv/n} ∪ lin_betas, tuned on the "
+                    f"public weight 1 − β (the values below), {ext}")))
+    out.append(tuning_check(
         name="E3 semi-DP's tuned η lies inside its grid", arm="E3 semi_dp", threshold=thr_in,
-        picked=[c["hp"]["semi_dp"]["lr"] for c, _ in cells], grid=list(cfg.lin_lrs)))
-    for arm in ("dp_gd_all", "semi_dp_beta_eq", "non_private"):
-        out.append(interior_check(
+        tuned=[c["semi_dp"] for c in cells], guards=e3_all,
+        detail=("tuning: semi-DP's η (at its tuned β) must lie inside its evaluated grid, else every E3 claim may "
+                f"compare an untuned method. (seed, public fraction) cells, {ext}")))
+    for arm, guards, role in (
+            ("dp_gd_all", [e3_claim(r, "dp_gd_all") for r in cfg.lin_ratios], "the claims against it"),
+            ("semi_dp_beta_eq", [e3_claim(r, "semi_dp_beta_eq") for r in cfg.lin_ratios], "the claims against it"),
+            ("non_private", e3_all, "the regime checks, hence every E3 claim")):
+        out.append(tuning_check(
             name=f"E3 {arm}'s tuned η lies inside its grid", arm=f"E3 {arm}", threshold=thr_in,
-            picked=[c["hp"][arm]["lr"] for c, _ in cells], grid=[c["grid"]["one_knob_lr"] for c, _ in cells],
-            detail="one-knob arm: as many η as semi-DP's (β, η) grid, log-spaced over the same range"))
+            tuned=[c[arm] for c in cells], guards=guards,
+            detail=(f"tuning: {arm}'s η must lie inside its evaluated grid, else {role} may rest on an untuned arm. "
+                    "one-knob arm: as many η as semi-DP's (β, η) grid, log-spaced over the same range; "
+                    f"{ext}")))
     dcells = [(d, e) for d in dig_runs for e in cfg.dig_epsilons]
-    out.append(interior_check(
-        name="E4 semi-DP's tuned η lies inside its grid", arm="E4 semi_dp", threshold=thr_in,
-        picked=[d["hp"][e]["semi_dp"]["lr"] for d, e in dcells], grid=list(cfg.dig_lrs),
-        detail=f"(seed, ε) cells; β fixed at {', '.join(f'{b:g}' for b in cfg.dig_betas)}"
-        if len(cfg.dig_betas) == 1 else "(seed, ε) cells"))
-    out.append(interior_check(
-        name="E4 DP-SGD's tuned η lies inside its grid", arm="E4 dp_sgd_all", threshold=thr_in,
-        picked=[d["hp"][e]["dp_sgd_all"]["lr"] for d, e in dcells], grid=[d["grid"]["one_knob_lr"] for d, _ in dcells],
-        detail="(seed, ε) cells"))
-    out.append(interior_check(
-        name="E4 public-only's tuned η lies inside its grid", arm="E4 public_only", threshold=thr_in,
-        picked=[d["hp"][cfg.dig_epsilons[0]]["public_only"]["lr"] for d in dig_runs],
-        grid=[d["grid"]["one_knob_lr"] for d in dig_runs], detail="seeds (ε-independent)"))
-    out.append(interior_check(
-        name="E4 non-private reference's tuned η lies inside its grid", arm="E4 non_private", threshold=thr_in,
-        picked=[d["hp_non_private"]["lr"] for d in dig_runs], grid=[d["grid"]["one_knob_lr"] for d in dig_runs],
-        detail="seeds (ε-independent)"))
+    if ("semi_dp_beta", cfg.dig_epsilons[0]) in dig_runs[0]["tuned"]:
+        out.append(tuning_check(
+            name="E4 semi-DP's tuned β lies inside its grid", arm="E4 semi_dp", threshold=thr_in,
+            tuned=[d["tuned"][("semi_dp_beta", e)] for d, e in dcells], guards=e4_all,
+            detail=("tuning: semi-DP's β must lie inside its evaluated grid, else every E4 claim may compare an "
+                    f"untuned method. (seed, ε) cells, tuned on the public weight 1 − β, {ext}")))
+    beta_note = (f"β fixed at {', '.join(f'{b:g}' for b in cfg.dig_betas)}" if len(set(cfg.dig_betas)) == 1
+                 else "at its tuned β")
+    for name, arm, tuned, what, role in (
+            ("E4 semi-DP's tuned η lies inside its grid", "E4 semi_dp",
+             [d["tuned"][("semi_dp", e)] for d, e in dcells], f"(seed, ε) cells; {beta_note}",
+             "every E4 claim may compare an untuned method"),
+            ("E4 DP-SGD's tuned η lies inside its grid", "E4 dp_sgd_all",
+             [d["tuned"][("dp_sgd_all", e)] for d, e in dcells], "(seed, ε) cells",
+             "the best baseline of every E4 claim may be an untuned arm"),
+            ("E4 public-only's tuned η lies inside its grid", "E4 public_only",
+             [d["tuned"]["public_only"] for d in dig_runs], "seeds (ε-independent)",
+             "the best baseline of every E4 claim may be an untuned arm"),
+            ("E4 non-private reference's tuned η lies inside its grid", "E4 non_private",
+             [d["tuned"]["non_private"] for d in dig_runs], "seeds (ε-independent)",
+             "the regime checks, hence every E4 claim, may rest on an untuned reference")):
+        out.append(tuning_check(
+            name=name, arm=arm, threshold=thr_in, tuned=tuned, guards=e4_all,
+            detail=f"tuning: {arm.split()[1]}'s η must lie inside its evaluated grid, else {role}. {what}, {ext}"))
     return out
 
 
