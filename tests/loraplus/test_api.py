@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -320,3 +321,105 @@ def test_trainer_accepts_the_optimizer(tmp_path):
     trainer.train()
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([1e-3, 1e-6, 1.6e-2, 1.6e-2])
     assert any(not torch.equal(p, b_before[n]) for n, p in model.named_parameters() if "lora_B" in n)
+
+
+# ---------------------------------------------------------------- kohya names (issue 31): lora_up is B, lora_down A
+class KohyaLoRAModule(nn.Module):
+    """sd-scripts' ``networks/lora.py`` layout: ``lora_down`` (A, reads x), ``lora_up`` (B, zero init), ``alpha``."""
+
+    def __init__(self, org: nn.Module, dim: int = 2):
+        super().__init__()
+        if isinstance(org, nn.Conv2d):
+            self.lora_down = nn.Conv2d(org.in_channels, dim, org.kernel_size, bias=False)
+            self.lora_up = nn.Conv2d(dim, org.out_channels, 1, bias=False)
+        else:
+            self.lora_down = nn.Linear(org.in_features, dim, bias=False)
+            self.lora_up = nn.Linear(dim, org.out_features, bias=False)
+        nn.init.zeros_(self.lora_up.weight)
+        self.register_buffer("alpha", torch.tensor(float(dim)))
+
+
+KOHYA_NAMES = ("lora_unet_down_blocks_0_attentions_0_proj_in", "lora_te_text_model_encoder_layers_0_self_attn_q_proj")
+
+
+def _kohya_network() -> nn.Module:
+    net = nn.Module()  # sd-scripts' LoRANetwork registers each LoRAModule under its flattened lora_name
+    net.add_module(KOHYA_NAMES[0], KohyaLoRAModule(nn.Conv2d(4, 8, 3)))  # 4-D lora_up: must still be B
+    net.add_module(KOHYA_NAMES[1], KohyaLoRAModule(nn.Linear(8, 8)))
+    return net
+
+
+def test_kohya_lora_up_is_fast_and_lora_down_slow_by_name():
+    opt = create_loraplus_optimizer(_kohya_network(), torch.optim.AdamW, lr=1e-4, loraplus_lr_ratio=16)
+    g = _groups(opt)
+    assert g["A"] == (sorted(f"{m}.lora_down.weight" for m in KOHYA_NAMES), 1e-4, 0.0)
+    assert g["B"] == (sorted(f"{m}.lora_up.weight" for m in KOHYA_NAMES), pytest.approx(1.6e-3), 0.0)
+    assert g["embedding"][0] == [] and g["B_no_decay"][0] == []
+
+
+def test_both_conventions_in_one_model_are_grouped_by_their_own_names():
+    model = nn.Module()
+    model.text = apply_lora(Tiny(), target_modules=["q_proj", "v_proj"], r=2)  # peft names: lora_A / lora_B
+    model.unet = _kohya_network()  # kohya names: lora_down / lora_up
+    g = _groups(create_loraplus_optimizer(model, torch.optim.AdamW, lr=1e-3, loraplus_lr_ratio=4))
+    assert g["A"][0] == sorted([f"unet.{m}.lora_down.weight" for m in KOHYA_NAMES]
+                               + ["text.q_proj.lora_A", "text.v_proj.lora_A"])
+    assert g["B"][0] == sorted([f"unet.{m}.lora_up.weight" for m in KOHYA_NAMES]
+                               + ["text.q_proj.lora_B", "text.v_proj.lora_B"])
+    assert g["B"][1] == pytest.approx(4e-3)
+
+
+class _Named(nn.Module):
+    """A LoRA layer plus one extra trainable parameter registered under an arbitrary (dotted) name."""
+
+    def __init__(self, extra: str):
+        super().__init__()
+        self.layer = LoRALinear(nn.Linear(4, 4), r=1)
+        owner = self
+        *path, leaf = extra.split(".")
+        for part in path:
+            if not hasattr(owner, part):
+                owner.add_module(part, nn.Module())
+            owner = getattr(owner, part)
+        owner.register_parameter(leaf, nn.Parameter(torch.zeros(4, 4)))
+
+
+@pytest.mark.parametrize("extra", [
+    "lora_unet_mid_block_proj_in.lora_mid.weight",  # LyCORIS' Tucker core: neither A/B nor up/down
+    "attn.processor.to_q_lora.up.weight",  # diffusers' old LoRALinearLayer (up/down without the lora_ prefix)
+    "lora_unet_mid_block_proj_in.weight",  # a trainable tensor of a kohya-named module that is no adapter side
+    "lora_te_q_proj.lora_up.lora_A",  # two roles in one name
+])
+def test_unrecognised_adapter_name_is_refused_naming_it(extra):
+    with pytest.raises(ValueError, match=re.escape(repr(extra))):
+        loraplus_param_groups(_Named(extra), lr=1e-3)
+
+
+@pytest.mark.parametrize("extra", ["flora.weight", "explorations.weight"])
+def test_lora_inside_another_word_is_not_an_adapter(extra):
+    g = {d["group"]: d["param_names"] for d in loraplus_param_groups(_Named(extra), lr=1e-3)}
+    assert g["A"] == ["layer.lora_A", extra] and g["B"] == ["layer.lora_B"]
+
+
+def test_frozen_unrecognised_adapter_is_ignored():
+    model = _Named("lora_unet_x.lora_mid.weight")
+    model.lora_unet_x.lora_mid.weight.requires_grad_(False)
+    assert loraplus_param_groups(model, lr=1e-3)[0]["param_names"] == ["layer.lora_A"]
+
+
+@pytest.mark.parametrize("kind", ["dora", "adalora"])
+def test_peft_dora_and_adalora_groups_equal_peft(kind):
+    peft = pytest.importorskip("peft")
+    from peft.optimizers import create_loraplus_optimizer as peft_loraplus
+
+    torch.manual_seed(0)
+    config = (peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"], use_dora=True) if kind == "dora"
+              else peft.AdaLoraConfig(init_r=2, target_modules=["q_proj", "v_proj"], total_step=10))
+    model = peft.get_peft_model(Tiny(), config)
+    extra = "lora_magnitude_vector" if kind == "dora" else "lora_E"
+    assert any(extra in n for n, p in model.named_parameters() if p.requires_grad)
+    ours = create_loraplus_optimizer(model, torch.optim.AdamW, lr=2e-4, loraplus_lr_ratio=16)
+    theirs = peft_loraplus(model, torch.optim.AdamW, lr=2e-4, loraplus_lr_ratio=16)
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    assert ([sorted(g["param_names"]) for g in ours.param_groups]
+            == [sorted(name_of[id(p)] for p in g["params"]) for g in theirs.param_groups])

@@ -14,6 +14,14 @@ decay), ``B_no_decay`` (the members of B that are biases or norm parameters, lr 
 is one held by an ``nn.LayerNorm``/``nn.RMSNorm`` (or a class named ``*LayerNorm``/``*RMSNorm``, e.g.
 ``LlamaRMSNorm``) or whose name matches ``transformers.Trainer``'s no-decay patterns (``bias``, ``layernorm``,
 ``rmsnorm``, ``(^|.)norm(.|$)``, ``_norm(.|$)``, on the lower-cased name).
+
+Adapter names (one dotted component of the parameter name gives its role): ``lora_A`` / ``lora_B`` (peft, ours,
+DyLoRA), ``lora_embedding_A`` / ``lora_embedding_B`` (peft embeddings), and kohya sd-scripts / LyCORIS
+``lora_down`` (= A, reads the input) / ``lora_up`` (= B, writes the output), e.g.
+``lora_unet_mid_block_attentions_0_proj_in.lora_up.weight``. peft's DoRA magnitude (``lora_magnitude_vector``) and
+AdaLoRA's ``lora_E`` follow peft's rule (1-D → B, else A). Any other trainable parameter whose name contains the
+word ``lora`` (``lora_mid``, diffusers' old ``to_q_lora.up``) is refused with a ``ValueError`` naming it, rather
+than silently put in a group.
 """
 
 from __future__ import annotations
@@ -56,6 +64,37 @@ def _owner(model: nn.Module, name: str, strip: int) -> nn.Module | None:
         return None
 
 
+# Roles by dotted name component. kohya's ``lora_up``/``lora_down`` are B/A (sd-scripts ``networks/lora.py``).
+_ROLE_OF_COMPONENT = {"lora_A": "A", "lora_down": "A", "lora_B": "B", "lora_up": "B",
+                      "lora_embedding_A": "embedding", "lora_embedding_B": "embedding"}
+# peft's other trainable LoRA tensors, grouped by peft's own rule (1-D → B, else A): DoRA, AdaLoRA.
+_PEFT_EXTRAS = frozenset({"lora_magnitude_vector", "lora_E"})
+_RECOGNISED = ", ".join(list(_ROLE_OF_COMPONENT) + sorted(_PEFT_EXTRAS))
+_LORA_WORD = re.compile(r"(?<![a-z])lora(?![a-z])")  # "lora" as a word: lora_mid, to_q_lora; not "flora"
+
+
+def _lora_role(name: str) -> str | None:
+    """``"A"``, ``"B"``, ``"embedding"``, ``"peft"`` (a peft extra) or ``None`` (not an adapter parameter).
+
+    Raises ``ValueError`` for a name that looks like an adapter (the word ``lora``, not inside another word) but has
+    no recognised role component, or one with two different roles (e.g. ``...lora_up.lora_A``).
+    """
+    parts = name.split(".")
+    roles = {_ROLE_OF_COMPONENT[c] for c in parts if c in _ROLE_OF_COMPONENT}
+    if len(roles) > 1:
+        raise ValueError(f"loraplus: parameter {name!r} names two adapter roles ({', '.join(sorted(roles))}); "
+                         f"rename it so that one component is one of {_RECOGNISED}")
+    if roles:
+        return roles.pop()
+    if any(c in _PEFT_EXTRAS for c in parts):
+        return "peft"
+    if _LORA_WORD.search(name.lower()):
+        raise ValueError(f"loraplus: trainable parameter {name!r} looks like a LoRA adapter but has no recognised "
+                         f"role component ({_RECOGNISED}), so its learning rate (η_A or λ·η_A) is unknown; "
+                         "rename it, freeze it (requires_grad=False), or build the param groups yourself")
+    return None
+
+
 def _is_lora_embedding(model: nn.Module, name: str) -> bool:
     if "lora_embedding_" in name:
         return True
@@ -72,7 +111,7 @@ def loraplus_param_groups(model: nn.Module, *, lr: float, loraplus_lr_ratio: flo
 
     Args:
         model: a model whose trainable parameters include LoRA matrices named ``lora_A``/``lora_B`` (our
-            :class:`~icml24.loraplus.LoRALinear` or a peft LoRA model).
+            :class:`~icml24.loraplus.LoRALinear` or a peft LoRA model) or kohya's ``lora_down``/``lora_up``.
         lr: η_A, the learning rate of the A matrices (and of trainable 2-D non-LoRA weights such as a new head).
         loraplus_lr_ratio: λ = η_B / η_A (≥ 1).
         weight_decay: decay of the A, embedding and B groups (0 for biases and norm parameters).
@@ -83,7 +122,8 @@ def loraplus_param_groups(model: nn.Module, *, lr: float, loraplus_lr_ratio: flo
         (its name) and ``param_names``.
 
     Raises:
-        ValueError: λ < 1 or not finite; lr ≤ 0; negative weight decay; no trainable LoRA parameter.
+        ValueError: λ < 1 or not finite; lr ≤ 0; negative weight decay; no trainable LoRA parameter; a trainable
+            parameter named like an adapter (the word ``lora`` in its name) without a recognised role, or with two.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"loraplus: model must be an nn.Module, got {type(model).__name__}")
@@ -92,15 +132,16 @@ def loraplus_param_groups(model: nn.Module, *, lr: float, loraplus_lr_ratio: flo
     weight_decay = v.non_negative("loraplus", "weight_decay", weight_decay)
     lr_emb = v.positive("loraplus", "loraplus_lr_embedding", loraplus_lr_embedding)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if not any("lora_" in n for n, _ in named):
-        raise ValueError("loraplus: the model has no trainable LoRA parameters (names containing 'lora_'); "
-                         "apply LoRA first, e.g. icml24.loraplus.apply_lora(model, target_modules=..., r=...) "
-                         "or peft.get_peft_model")
+    roles = [_lora_role(n) for n, _ in named]  # raises on an unrecognised adapter name, before any grouping
+    if not any(r is not None for r in roles):
+        raise ValueError("loraplus: the model has no trainable LoRA parameters (no name component among "
+                         f"{_RECOGNISED}); apply LoRA first, e.g. icml24.loraplus.apply_lora(model, "
+                         "target_modules=..., r=...) or peft.get_peft_model")
     members: dict[str, list[tuple[str, nn.Parameter]]] = {g: [] for g in GROUP_ORDER}
-    for name, p in named:
-        if _is_lora_embedding(model, name):
+    for (name, p), role in zip(named, roles, strict=True):
+        if role == "embedding" or _is_lora_embedding(model, name):
             members["embedding"].append((name, p))
-        elif "lora_B" in name or p.ndim == 1:  # B is the zero-initialised output side; all 1-D tensors join it
+        elif role == "B" or p.ndim == 1:  # B is the zero-initialised output side; all 1-D tensors join it
             members["B_no_decay" if _no_decay(model, name) else "B"].append((name, p))
         else:
             members["A"].append((name, p))
