@@ -88,10 +88,13 @@ def test_a_natural_bound_is_a_legitimate_pick_and_the_arm_equals_the_named_arm()
 def test_hard_limits_integer_grids_diverged_settings_and_bad_input():
     evaluate, _ = _curve(lambda v: -v, noise=0.0)  # fewer in-context examples always better, but k >= 1
     t = tune_grid(evaluate, (1, 2, 3, 4), log=False, integer=True, limits=(1, None))
-    assert t.extensions == [] and t.value == 1.0 and not t.ok
+    assert t.extensions == [] and t.value == 1.0 and t.at_limit and t.ok  # nothing below k = 1 exists
+    assert "hard domain limit" in tuning_check(name="k", tuned=t).detail
+    t = tune_grid(evaluate, (2, 3, 4), log=False, integer=True, limits=(1, None), max_extra=0)
+    assert t.value == 2.0 and not t.at_limit and not t.ok  # k = 1 was never tried
     prob, _ = _curve(lambda v: v, noise=0.0)
     t = tune_grid(prob, (0.25, 0.5, 0.75), log=False, limits=(0.0, 1.0), max_extra=3)
-    assert t.extensions == [1.0] and t.value == 1.0
+    assert t.extensions == [1.0] and t.value == 1.0 and t.ok
     diverged = lambda vs: [[float("nan")] * 3 if v > 0.5 else [v] * 3 for v in vs]  # noqa: E731
     t = tune_grid(diverged, (0.1, 0.3, 1.0, 3.0), max_extra=0)
     assert t.value == 0.3

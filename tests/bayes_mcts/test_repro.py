@@ -103,7 +103,7 @@ def test_tune_knob_extends_past_a_winning_edge_and_c_stops_at_zero():
 
     val = [0, 1, 2, 3]
     t = tune_knob(fake(lambda c: -c), "nmcts", (0.0, 0.5, 1.414), val, budget=10, max_extra=2)
-    assert t.value == 0.0 and t.extensions == [] and not t.ok  # c = 0: a hard limit, no extension, not natural
+    assert t.value == 0.0 and t.extensions == [] and t.at_limit and t.ok  # c = 0: the domain limit, no extension
     t = tune_knob(fake(lambda c: c), "nmcts", (0.0, 0.5, 1.414), val, budget=10, max_extra=2)
     assert t.extensions == pytest.approx([1.414 + 0.914, 1.414 + 2 * 0.914])  # a linear grid: by its last step
     t = tune_knob(fake(lambda x: math.log2(x) / 10), "tsts", (1.0, 2.0, 4.0), val, budget=10, max_extra=2)

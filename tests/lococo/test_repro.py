@@ -116,9 +116,9 @@ def test_tune_baseline_extends_integer_and_fraction_grids_within_their_limits():
     tb = tune_baseline(cfg, "streaming", M, lambda kn: 2.0 - 0.01 * kn["n_sink"])
     t = tb["tuned"]["n_sink"]
     assert t.extensions == [12.0, 16.0] and tb["knobs"] == {"n_sink": 16} and not t.ok
-    # fewer sinks always better: 0 is a hard limit (not a natural bound): no extension, the check fails
+    # fewer sinks always better: 0 is the domain's hard limit: no extension, and a legitimate pick
     t = tune_baseline(cfg, "streaming", M, lambda kn: 2.0 + 0.01 * kn["n_sink"])["tuned"]["n_sink"]
-    assert t.extensions == [] and t.value == 0.0 and not t.ok
+    assert t.extensions == [] and t.value == 0.0 and t.at_limit and t.ok
     # H2O: a longer recent window always better: the fraction extends to 0.75 and 1.0 (its hard limit)
     tb = tune_baseline(cfg, "h2o", M, lambda kn: 2.0 - 0.01 * kn["recent"] - 0.001 * kn["accumulate_scores"])
     cells = list(tb["tuned"].values())
@@ -127,10 +127,10 @@ def test_tune_baseline_extends_integer_and_fraction_grids_within_their_limits():
     tb = tune_baseline(cfg, "h2o", M, lambda kn: 2.0 + 0.01 * kn["recent"] + 0.001 * kn["accumulate_scores"])
     last, acc = tb["tuned"].values()
     assert last.value == acc.value == 0.0 and last.at_natural_bound and last.ok and last.reduces_to == H2O_BOUND_ARM
-    assert not acc.ok and tb["knobs"] == {"recent": 0, "accumulate_scores": False}
-    assert not tune_baseline(dataclasses.replace(cfg, h2o_natural_bound=False), "h2o", M,
-                             lambda kn: 2.0 + 0.01 * kn["recent"])["tuned"][
-                                 "recent_fraction (accumulate_scores=False)"].ok
+    assert acc.at_limit and not acc.at_natural_bound and tb["knobs"] == {"recent": 0, "accumulate_scores": False}
+    undeclared = tune_baseline(dataclasses.replace(cfg, h2o_natural_bound=False), "h2o", M,
+                               lambda kn: 2.0 + 0.01 * kn["recent"])["tuned"]["recent_fraction (accumulate_scores=False)"]
+    assert undeclared.at_limit and not undeclared.at_natural_bound and undeclared.reduces_to is None
     # each setting is evaluated once; TOVA is a two-way switch
     seen = []
     tb = tune_baseline(cfg, "tova", M, lambda kn: seen.append(kn) or (1.0 if kn["tova_per_head"] else 2.0))

@@ -77,7 +77,7 @@ def test_k_never_goes_below_one(fake_stages, monkeypatch):
                         -len(prefixes[0]) if prefixes is not None else CURVES[m.arm](m.lr))
     _, tunings, _ = _tune(2)
     icl = tunings["stage2_icl"]
-    assert icl.value == 1.0 and icl.extensions == [] and not icl.ok  # k = 0 is the stage2 arm, not in reach
+    assert icl.value == 1.0 and icl.extensions == [] and icl.at_limit  # k = 0 is the stage2 arm, not in reach
 
 
 def _recorder(tmp_path, cfg):

@@ -8,10 +8,11 @@ neighbour by more than one standard error, the grid grows on that side by its ow
 rule** toward the centre of the declared grid: among the values whose mean is within one standard error of the
 best, the one nearest the centre (a flat curve or a tie never extends and never picks an edge it does not beat).
 
-A pick at a natural bound (a strength whose limit is the unregularised arm; a probability of 1) is legitimate:
-the arm then *reduces to* the arm named in ``reduces_to``, and a claim against that arm cannot hold
-(``ClaimCheck(reduces_to=...)``). :func:`tuning_check` is the ``sanity`` check: it fails only when a pick is
-still at a non-natural edge after the allowed extensions.
+A pick at a natural bound (a strength whose limit is the unregularised arm) is legitimate: the arm then *reduces
+to* the arm named in ``reduces_to``, and a claim against that arm cannot hold (``ClaimCheck(reduces_to=...)``). A
+pick at a hard limit of the knob's domain (``limits``: a probability of 1, a count of 0) is legitimate too: there is
+no value beyond it to try. :func:`tuning_check` is the ``sanity`` check: it fails only when a pick is still at an
+edge that is neither after the allowed extensions.
 
 Model selection (:func:`select_models`): an out-of-distribution claim declares its rule, and the others are
 reported beside it, each picked by the same rule on the same evaluated grid:
@@ -61,6 +62,7 @@ class Tuned:
         score: the key of ``records`` the pick maximised (or minimised).
         extensions: the values added, in the order they were added.
         natural_bound: the declared natural edge (``"low"``/``"high"``) or None; ``reduces_to`` its arm.
+        limits: the knob's hard domain limits (None: unbounded on that side).
     """
 
     value: float
@@ -74,6 +76,7 @@ class Tuned:
     extensions: list[float] = field(default_factory=list)
     natural_bound: Edge | None = None
     reduces_to: str | None = None
+    limits: tuple[float | None, float | None] = (None, None)
 
     def mean(self, value: float, key: str | None = None) -> float:
         return float(np.mean(self.records[value][key or self.score]))
@@ -99,9 +102,15 @@ class Tuned:
         return self.edge is not None and self.edge == self.natural_bound
 
     @property
+    def at_limit(self) -> bool:
+        """At a hard limit of the knob's domain: nothing beyond it could be tried."""
+        bound = {"low": self.limits[0], "high": self.limits[1], None: None}[self.edge]
+        return bound is not None and math.isclose(self.value, bound, rel_tol=1e-12, abs_tol=1e-15)
+
+    @property
     def ok(self) -> bool:
-        """Strictly inside the evaluated grid, or at its declared natural bound."""
-        return self.edge is None or self.at_natural_bound
+        """Strictly inside the evaluated grid, at its declared natural bound, or at a hard domain limit."""
+        return self.edge is None or self.at_natural_bound or self.at_limit
 
     def describe(self) -> str:
         pts = ", ".join(f"{v:.4g}: {self.mean(v):.4g}±{self.se(v):.2g}" for v in self.grid)
@@ -109,6 +118,7 @@ class Tuned:
                else "; not extended")
         where = ("strictly inside" if self.edge is None else
                  f"at its natural bound ({self.edge}; reduces to {self.reduces_to})" if self.at_natural_bound
+                 else f"at the domain's {self.edge} limit" if self.at_limit
                  else f"at the {self.edge} edge after {len(self.extensions)}/{self.max_extra} extensions")
         return f"picked {self.value:.4g} ({where}); validation {self.score} {{{pts}}}{ext}"
 
@@ -173,11 +183,12 @@ def tune_grid(evaluate: Evaluate, grid: Sequence[float], *, score: str = "score"
         natural_bound: the edge (``"low"``/``"high"``) at which the arm equals ``reduces_to`` (e.g. a DRO
             strength whose limit is ERM); never extended past, and a pick there is legitimate.
         integer: round extensions to integers (a count such as in-context examples k).
-        limits: hard bounds no value may cross (a probability <= 1, k >= 1); an extension stops at them.
+        limits: the knob's hard domain limits, which no value may cross (a probability <= 1, k >= 1); an
+            extension stops at them, and a pick there is legitimate (nothing beyond it exists).
 
     Returns:
-        A :class:`Tuned`; its ``ok`` is False only when the pick is at a non-natural edge after ``max_extra``
-        extensions (or at a hard limit that was not declared natural).
+        A :class:`Tuned`; its ``ok`` is False only when the pick is at an edge that is neither a natural bound
+        nor a hard limit after ``max_extra`` extensions.
     """
     vals = sorted({float(v) for v in grid})
     if len(vals) < 2:
@@ -232,7 +243,7 @@ def tune_grid(evaluate: Evaluate, grid: Sequence[float], *, score: str = "score"
     value = _pick(vals, records, score, maximize=maximize, centre=centre, log=log)
     return Tuned(value=value, grid=vals, declared=sorted({float(v) for v in grid}), records=records, score=score,
                  maximize=maximize, log=log, max_extra=max_extra, extensions=extensions,
-                 natural_bound=natural_bound, reduces_to=reduces_to)
+                 natural_bound=natural_bound, reduces_to=reduces_to, limits=(lo, hi))
 
 
 def repick(tuned: Tuned, *, score: str, maximize: bool | None = None) -> Tuned:
@@ -246,7 +257,8 @@ def repick(tuned: Tuned, *, score: str, maximize: bool | None = None) -> Tuned:
     value = _pick(tuned.grid, tuned.records, score, maximize=mx, centre=centre, log=tuned.log)
     return Tuned(value=value, grid=list(tuned.grid), declared=list(tuned.declared), records=tuned.records,
                  score=score, maximize=mx, log=tuned.log, max_extra=tuned.max_extra,
-                 extensions=list(tuned.extensions), natural_bound=tuned.natural_bound, reduces_to=tuned.reduces_to)
+                 extensions=list(tuned.extensions), natural_bound=tuned.natural_bound, reduces_to=tuned.reduces_to,
+                 limits=tuned.limits)
 
 
 def tuning_check(*, name: str, tuned: Tuned | Sequence[Tuned], threshold: float = 1.0, arm: str | None = None,
@@ -264,11 +276,12 @@ def tuning_check(*, name: str, tuned: Tuned | Sequence[Tuned], threshold: float 
         raise ValueError(f"tuning_check {name!r}: threshold must be in [0, 1], got {threshold}")
     ok = sum(t.ok for t in cells)
     natural = sum(t.at_natural_bound for t in cells)
+    limit = sum(t.at_limit and not t.at_natural_bound for t in cells)
     edge = len(cells) - ok
     parts = [detail] if detail else []
     parts.append("a tuned value at a non-natural edge of its grid means the arm may not be tuned")
-    parts.append(f"{len(cells)} cells: {ok - natural} strictly inside, {natural} at the natural bound, {edge} at a "
-                 f"non-natural edge after extensions")
+    parts.append(f"{len(cells)} cells: {ok - natural - limit} strictly inside, {natural} at the natural bound, "
+                 f"{limit} at a hard domain limit, {edge} at a non-natural edge after extensions")
     if natural and cells[0].reduces_to:
         parts.append(f"at the natural bound {arm or 'the arm'} reduces to {cells[0].reduces_to}")
     parts.append(cells[0].describe() if len(cells) == 1 else
