@@ -6,6 +6,8 @@ checkpoint converted to the HF layout) is a valid ``net`` for :class:`~icml24.dp
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -37,6 +39,48 @@ def build_esm(*, hidden: int = 64, layers: int = 2, heads: int = 4, intermediate
     if causal:
         transformers.logging.set_verbosity_error()  # the "is_decoder=False for bi-directional" hint is intended
     return transformers.EsmForMaskedLM(cfg)
+
+
+def network_config(net: nn.Module) -> Any | None:
+    """The Hugging Face config of ``net`` or of its first submodule that has one (a DPLM wrapper, an adapter)."""
+    for m in net.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "vocab_size"):
+            return cfg
+    return None
+
+
+def check_vocabulary(owner: str, net: nn.Module) -> None:
+    """Refuse, before any compute, a network whose token ids are not the ESM-2 alphabet's.
+
+    Everything here indexes logits and embeddings by ESM-2 ids (33 tokens, ``<pad>`` 1, ``<mask>`` 32): a
+    network with another vocabulary would otherwise fail deep inside (an ``IndexError`` on the logits) or,
+    worse, run on the wrong tokens. Checks the config's ``vocab_size`` / ``pad_token_id`` / ``mask_token_id``
+    and the input-embedding matrix, where the network has them; a plain module with neither passes (the
+    sampler then checks the width of its first logits).
+    """
+    cfg = network_config(net)
+    if cfg is not None:
+        if cfg.vocab_size != len(VOCAB):
+            raise ValueError(f"{owner}: the network's vocabulary has {cfg.vocab_size} tokens; dplm needs the "
+                             f"ESM-2 alphabet of {len(VOCAB)} (icml24.dplm.tokens.VOCAB)")
+        for name, want in (("pad_token_id", PAD), ("mask_token_id", MASK)):
+            got = getattr(cfg, name, None)
+            if got is not None and got != want:
+                raise ValueError(f"{owner}: the network's config has {name}={got}; the ESM-2 alphabet's is {want}")
+        if getattr(cfg, "token_dropout", False) and getattr(cfg, "mask_token_id", None) is None:
+            raise ValueError(f"{owner}: the network uses token_dropout but its config has no mask_token_id "
+                             f"(ESM-2's is {MASK})")
+    for m in net.modules():
+        try:
+            emb = m.get_input_embeddings() if callable(getattr(m, "get_input_embeddings", None)) else None
+        except (NotImplementedError, AttributeError):
+            emb = None
+        if isinstance(emb, nn.Embedding):
+            if emb.num_embeddings != len(VOCAB):
+                raise ValueError(f"{owner}: the network's input embeddings have {emb.num_embeddings} rows; dplm "
+                                 f"needs the ESM-2 alphabet of {len(VOCAB)} tokens")
+            break
 
 
 def max_residues(net: nn.Module) -> int | None:

@@ -23,7 +23,8 @@ from torch import nn
 from icml24.common import validate as v
 from icml24.common.progress import progress
 from icml24.dplm.diffusion import OWNER, logits_of, maskable_positions
-from icml24.dplm.tokens import AA_IDS, CLS, EOS, MASK, NEVER_SAMPLED, TOKEN_ID, validate_sequence
+from icml24.dplm.models import check_vocabulary
+from icml24.dplm.tokens import AA_IDS, CLS, EOS, MASK, NEVER_SAMPLED, TOKEN_ID, VOCAB, validate_sequence
 
 GuidanceFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -61,6 +62,13 @@ def _resample_repeats(cand: torch.Tensor, logits: torch.Tensor, gen_pos: torch.T
     return torch.where(redo, redraw, cand)
 
 
+def _checked_width(logits: torch.Tensor) -> torch.Tensor:
+    if logits.shape[-1] != len(VOCAB):
+        raise ValueError(f"{OWNER}: the model's logits have {logits.shape[-1]} classes; dplm needs the ESM-2 "
+                         f"alphabet of {len(VOCAB)} tokens")
+    return logits
+
+
 @torch.no_grad()
 def reparam_decode(model: nn.Module, init: torch.Tensor, *, partial_mask: torch.Tensor | None = None,
                    max_iter: int = 500, strategy: Literal["gumbel_argmax", "vanilla", "argmax"] = "gumbel_argmax",
@@ -84,6 +92,7 @@ def reparam_decode(model: nn.Module, init: torch.Tensor, *, partial_mask: torch.
     v.positive(OWNER, "temperature", temperature)
     if resample_ratio is not None:
         v.probability(OWNER, "resample_ratio", resample_ratio, open_low=True)
+    check_vocabulary(OWNER, model)
     gen_pos = maskable_positions(init, partial_mask)
     x = init.masked_fill(gen_pos, MASK)
     attn = torch.ones_like(x)
@@ -91,7 +100,7 @@ def reparam_decode(model: nn.Module, init: torch.Tensor, *, partial_mask: torch.
     is_masked = gen_pos.clone()
     banned = torch.tensor(NEVER_SAMPLED, device=x.device)
     for step in progress(range(1, max_iter + 1), desc="dplm decode"):
-        logits = logits_of(model, x, attn).float()
+        logits = _checked_width(logits_of(model, x, attn)).float()
         if guidance is not None:
             with torch.enable_grad():
                 logits = logits + guidance(x, logits)
@@ -163,10 +172,11 @@ def generate_autoregressive(net: nn.Module, *, length: int, num_samples: int, te
     v.integer(OWNER, "length", length, minimum=1)
     v.integer(OWNER, "num_samples", num_samples, minimum=1)
     v.positive(OWNER, "temperature", temperature)
+    check_vocabulary(OWNER, net)
     aa = AA_IDS.to(device)
     x = torch.full((num_samples, 1), CLS, dtype=torch.long, device=device)
     for _ in range(length):
-        logits = logits_of(net, x, torch.ones_like(x))[:, -1, aa].float() / temperature
+        logits = _checked_width(logits_of(net, x, torch.ones_like(x)))[:, -1, aa].float() / temperature
         nxt = aa[(logits + gumbel_like(logits, generator)).argmax(-1)]
         x = torch.cat([x, nxt.unsqueeze(1)], 1)
     return torch.cat([x, torch.full((num_samples, 1), EOS, dtype=torch.long, device=device)], 1)
