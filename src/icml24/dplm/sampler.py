@@ -3,10 +3,12 @@
 
 Reparameterised decoding, per step s = 1..S, on every row::
 
-    logits = net(x);   logits[{mask, X, specials, ...}] = −inf;   (+ η ∇_onehot log p_φ(y | x) with guidance)
-    cand = argmax(logits + Gumbel);  score = log_softmax(logits + Gumbel)[cand]      (exact T = 1 sampling)
-    k_s = floor(n · (1 − s/S))                       positions left masked after step s (linear schedule)
-    low = the k_s lowest scores among generated positions (decoded ones included: "uncond" re-masking)
+    logits = net(x);   logits[banned] = −inf;   (+ η ∇_onehot log p_φ(y | x) with guidance)
+    gumbel_argmax: cand = argmax(logits + G);  score = log_softmax(logits + G)[cand]     (exact T = 1 sampling)
+    vanilla:       cand ~ Cat(softmax(logits / T));  score = log_softmax(logits / T)[cand]
+    argmax:        score, cand = max(logits)                                          (raw logits, as official)
+    k_s = ⌊n (S − s) / S⌋                          positions left masked after step s (linear schedule)
+    low = {generated i : score_i < the (k_s + 1)-th smallest score}  (decoded ones included: "uncond" re-masking)
     x[masked & ~low] = cand;  x[low] = <mask>
 
 Fixed positions (``partial_mask``, e.g. a motif) are never masked or changed.
@@ -24,14 +26,39 @@ from icml24.common import validate as v
 from icml24.common.progress import progress
 from icml24.dplm.diffusion import OWNER, logits_of, maskable_positions
 from icml24.dplm.models import check_vocabulary
-from icml24.dplm.tokens import AA_IDS, CLS, EOS, MASK, NEVER_SAMPLED, TOKEN_ID, VOCAB, validate_sequence
+from icml24.dplm.tokens import (
+    AA_IDS,
+    CLS,
+    EOS,
+    MASK,
+    NEVER_SAMPLED,
+    OFFICIAL_NEVER_SAMPLED,
+    TOKEN_ID,
+    VOCAB,
+    validate_sequence,
+)
 
 GuidanceFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def schedule(n: torch.Tensor, step: int, max_iter: int) -> torch.Tensor:
-    """k_s = floor(n (1 − s/S)): how many generated positions stay masked after step s (linear schedule)."""
-    return torch.floor(n.to(torch.float64) * (1.0 - step / max_iter)).to(torch.long)
+    """k_s = ⌊n (S − s) / S⌋: how many generated positions stay masked after step s (linear schedule).
+
+    NOTE(deviation): exact integer arithmetic. The official ``(n.float() * (1 - s / S)).long()`` rounds in
+    float32 and is one below the formula in 346 of the 646,400 cases n ≤ 128, S ≤ 100, 1 ≤ s ≤ S (e.g.
+    n = S = 22, s = 9: 12, not 13); float64 ``floor(n (1 − s/S))`` (this function before issue 28) was one
+    below in 3,249 (n = S = 24, s = 10: 13, not 14).
+    """
+    return (n.to(torch.long) * (max_iter - step)) // max_iter
+
+
+def lowest_k(score: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The official deterministic ``topk_masking``: candidates whose score is strictly below the row's
+    (k + 1)-th smallest candidate score (non-candidates count as +inf). Exactly k positions without ties;
+    tied scores at the cutoff stay unmasked, so ties mask fewer."""
+    s = score.masked_fill(~candidates, float("inf"))
+    cutoff = s.sort(dim=-1).values.gather(-1, k.clamp_max(s.shape[-1] - 1).unsqueeze(-1))
+    return (s < cutoff) & candidates
 
 
 def gumbel_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -39,9 +66,10 @@ def gumbel_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     return -torch.log(-torch.log(u))
 
 
-def _resample_repeats(cand: torch.Tensor, logits: torch.Tensor, gen_pos: torch.Tensor, ratio: float,
-                      generator: torch.Generator | None) -> torch.Tensor:
-    """Redraw the positions holding a residue that fills more than ``ratio`` of a row, from top-p 0.95 + Gumbel.
+def _resample_repeats(cand: torch.Tensor, score: torch.Tensor, logits: torch.Tensor, gen_pos: torch.Tensor,
+                      ratio: float, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Redraw the positions holding a residue that fills more than ``ratio`` of a row, from top-p 0.95 + Gumbel;
+    a redrawn position's score is the redraw's log_softmax(filtered logits + Gumbel) (as official).
 
     NOTE(deviation): the official safeguard re-masks those tokens and runs the network once more; here they are
     redrawn from the same step's logits (no second forward pass), the frequency counted over generated positions.
@@ -52,14 +80,15 @@ def _resample_repeats(cand: torch.Tensor, logits: torch.Tensor, gen_pos: torch.T
     hot = counts > limit
     redo = hot.gather(1, cand) & gen_pos
     if not redo.any():
-        return cand
+        return cand, score
     probs = torch.softmax(logits, -1)
     sorted_p, order = probs.sort(-1, descending=True)
     drop = sorted_p.cumsum(-1) - sorted_p > 0.95
     nucleus = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, ~drop)
     masked_logits = logits.masked_fill(~nucleus, float("-inf"))
-    redraw = (masked_logits + gumbel_like(masked_logits, generator)).argmax(-1)
-    return torch.where(redo, redraw, cand)
+    noisy = masked_logits + gumbel_like(masked_logits, generator)
+    redraw_score, redraw = torch.log_softmax(noisy, -1).max(-1)
+    return torch.where(redo, redraw, cand), torch.where(redo, redraw_score, score)
 
 
 def _checked_width(logits: torch.Tensor) -> torch.Tensor:
@@ -73,7 +102,7 @@ def _checked_width(logits: torch.Tensor) -> torch.Tensor:
 def reparam_decode(model: nn.Module, init: torch.Tensor, *, partial_mask: torch.Tensor | None = None,
                    max_iter: int = 500, strategy: Literal["gumbel_argmax", "vanilla", "argmax"] = "gumbel_argmax",
                    temperature: float = 1.0, resample_ratio: float | None = 0.25, guidance: GuidanceFn | None = None,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
+                   residues_only: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
     """Decode ``init`` (token ids with ``<mask>`` where residues are to be generated) into full sequences.
 
     Args:
@@ -82,9 +111,19 @@ def reparam_decode(model: nn.Module, init: torch.Tensor, *, partial_mask: torch.
         partial_mask: (B, L) bool, positions kept fixed (motif scaffolding).
         max_iter: S, decoding steps (official default 500).
         strategy: ``gumbel_argmax`` (official default; T = 1 sampling, ``temperature`` ignored as in the
-            official code), ``vanilla`` (categorical at ``temperature``) or ``argmax`` (deterministic).
-        resample_ratio: the repeat safeguard's frequency threshold (official 0.25); None disables it.
+            official code; confidence log_softmax(logits + G)[cand]), ``vanilla`` (categorical at
+            ``temperature``; confidence log_softmax(logits / T)[cand], the official ``Categorical.log_prob``)
+            or ``argmax`` (deterministic; confidence the raw maximum logit, as official).
+        resample_ratio: the repeat safeguard's frequency threshold (official 0.25); None disables it. As in the
+            official code it acts only under ``gumbel_argmax``.
         guidance: ``fn(x, logits) -> delta`` added to the logits at every step (classifier guidance).
+        residues_only: never emit a token outside the 20 amino acids (13 ids banned). False bans only the
+            official 5 (``<mask>``, ``X``, ``<pad>``, ``<cls>``, ``<eos>``), so ``<unk>``, B, U, Z, O, ``.``,
+            ``-`` and ``<null_1>`` can be emitted.
+
+    NOTE(deviation): ``residues_only=True`` (the default) bans 13 ids where the official decoder bans 5: this
+    package's oracles (the grammar's likelihood and posteriors, ``tokens_to_residue_ids``) and validators are
+    defined over the 20 amino acids only; a trained network gives the 8 extra ids ~0 probability anyway.
     """
     v.tensor(OWNER, "init", init, ndim=2)
     v.integer(OWNER, "max_iter", max_iter, minimum=1)
@@ -98,7 +137,7 @@ def reparam_decode(model: nn.Module, init: torch.Tensor, *, partial_mask: torch.
     attn = torch.ones_like(x)
     n = gen_pos.sum(1)
     is_masked = gen_pos.clone()
-    banned = torch.tensor(NEVER_SAMPLED, device=x.device)
+    banned = torch.tensor(NEVER_SAMPLED if residues_only else OFFICIAL_NEVER_SAMPLED, device=x.device)
     for step in progress(range(1, max_iter + 1), desc="dplm decode"):
         logits = _checked_width(logits_of(model, x, attn)).float()
         if guidance is not None:
@@ -106,19 +145,17 @@ def reparam_decode(model: nn.Module, init: torch.Tensor, *, partial_mask: torch.
                 logits = logits + guidance(x, logits)
         logits[..., banned] = float("-inf")
         if strategy == "gumbel_argmax":
-            noisy = logits + gumbel_like(logits, generator)
+            score, cand = torch.log_softmax(logits + gumbel_like(logits, generator), -1).max(-1)
+            if resample_ratio is not None:
+                cand, score = _resample_repeats(cand, score, logits, gen_pos, resample_ratio, generator)
         elif strategy == "vanilla":
-            noisy = logits / temperature + gumbel_like(logits, generator)
+            # a Gumbel-max draw from Categorical(softmax(logits / T)), ranked by that distribution's log-prob
+            scaled = logits / temperature
+            cand = (scaled + gumbel_like(scaled, generator)).argmax(-1)
+            score = torch.log_softmax(scaled, -1).gather(-1, cand.unsqueeze(-1)).squeeze(-1)
         else:
-            noisy = logits
-        cand = noisy.argmax(-1)
-        if resample_ratio is not None and strategy != "argmax":
-            cand = _resample_repeats(cand, logits, gen_pos, resample_ratio, generator)
-        score = torch.log_softmax(noisy, -1).gather(-1, cand.unsqueeze(-1)).squeeze(-1)
-        k = schedule(n, step, max_iter)
-        rank_score = score.masked_fill(~gen_pos, float("inf"))
-        rank = rank_score.argsort(dim=1, stable=True).argsort(dim=1)
-        low = (rank < k.unsqueeze(1)) & gen_pos
+            score, cand = logits.max(-1)
+        low = lowest_k(score, gen_pos, schedule(n, step, max_iter))
         newly = is_masked & ~low
         x = torch.where(newly, cand, x).masked_fill(low, MASK)
         is_masked = low

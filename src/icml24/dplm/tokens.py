@@ -22,7 +22,10 @@ AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
 TOKEN_ID = {t: i for i, t in enumerate(VOCAB)}
 AA_IDS = torch.tensor([TOKEN_ID[a] for a in AMINO_ACIDS])
 SPECIAL_IDS = (CLS, PAD, EOS)
-# Tokens the sampler never emits (the official decoder sets these logits to -inf): mask, X and the specials.
+# Tokens the official decoder never emits (it sets their logits to -inf): <mask>, X, <pad>, <cls>, <eos>.
+OFFICIAL_NEVER_SAMPLED = (MASK, VOCAB.index("X"), PAD, CLS, EOS)
+# NOTE(deviation): this package's sampler bans by default every id outside the 20 amino acids (13 ids: the
+# official 5 plus <unk>, B, U, Z, O, '.', '-', <null_1>), since its oracles are defined over residues only.
 NEVER_SAMPLED = tuple(i for i, t in enumerate(VOCAB) if t not in AMINO_ACIDS)
 
 
