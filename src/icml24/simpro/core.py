@@ -20,7 +20,7 @@ FixMatch with logit adjustment by the labeled prior (priors fixed at π_l, hard 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -120,6 +120,10 @@ class SimProLoss(nn.Module):
         estimate_priors: run the M-step in :meth:`update_priors` (False: priors stay at their init).
         pi_u_init: ``"uniform"`` (SimPro) or ``"labeled"`` (assume consistent: FixMatch + LA).
         plus_one: normalise the per-period estimate by ``Σq + 1`` as the official code (else by ``Σq``).
+
+    ``state_dict()`` holds the priors, the adjustments, this period's statistics (``sum_q``, ``count_labeled``) and the
+    M-step counter ``updates`` (as ``_extra_state``): a run checkpointed mid-period and resumed equals the
+    uninterrupted run.
     """
 
     pi_u: torch.Tensor
@@ -255,6 +259,18 @@ class SimProLoss(nn.Module):
         self.count_labeled.zero_()
         self.updates += 1
         return e
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def get_extra_state(self) -> dict[str, int]:
+        """The M-step counter ``updates`` (an int, not a buffer), saved in ``state_dict()`` as ``_extra_state``, so a
+        resumed run continues the count instead of restarting it at 0."""
+        return {"updates": int(self.updates)}
+
+    def set_extra_state(self, state: Any) -> None:
+        if not (isinstance(state, dict) and isinstance(state.get("updates"), int)
+                and not isinstance(state["updates"], bool) and state["updates"] >= 0):
+            raise ValueError(f"{_OWNER}: the checkpoint's _extra_state must be {{'updates': int >= 0}}, got {state!r}")
+        self.updates = state["updates"]
 
     def extra_repr(self) -> str:
         return (f"num_classes={self.num_classes}, tau={self.tau}, threshold={self.threshold}, ema_u={self.ema_u}, "
