@@ -121,7 +121,8 @@ class ALHAgent(TD3Agent):
         **td3: every :class:`~icml24.alh.td3.TD3Agent` argument.
     """
 
-    def __init__(self, *, state_dim: int, action_dim: int, max_action: float, variant: Literal["g", "a"] = "g",
+    def __init__(self, *, state_dim: int, action_dim: int, max_action: float | None = None,
+                 variant: Literal["g", "a"] = "g",
                  hypo_dim: int = 64, mem_hidden: int | None = None, subset_size: int = 128, mem_every: int = 10,
                  mem_lr: float = 3e-4, ae_noise: float = 0.2, eps: float = 0.03, **td3: Any) -> None:
         v.one_of("ALHAgent", "variant", variant, ("g", "a"))
@@ -134,8 +135,9 @@ class ALHAgent(TD3Agent):
                          **td3)
         hidden = td3.get("hidden", 256) if mem_hidden is None else mem_hidden
         self.variant, self.subset_size, self.mem_every = variant, subset_size, mem_every
-        self.mem = SetMemory(state_dim=state_dim, action_dim=action_dim, hidden=hidden, hypo_dim=hypo_dim,
-                             ae_noise=ae_noise, eps=eps).to(self.device)
+        # E and D are drawn from the agent's local initialisation generator, after actor and critics
+        self.mem = self._build(lambda: SetMemory(state_dim=state_dim, action_dim=action_dim, hidden=hidden,
+                                                 hypo_dim=hypo_dim, ae_noise=ae_noise, eps=eps))
         self.h0 = nn.Parameter(torch.zeros(hypo_dim, device=self.device))
         self.mem_opt = torch.optim.Adam(self.mem.parameters(), lr=mem_lr, fused=True)
         self.h0_opt = torch.optim.Adam([self.h0], lr=mem_lr)

@@ -17,7 +17,7 @@ import numpy as np
 
 from icml24.common import validate as v
 
-__all__ = ["Box", "MultiNormEnv", "make_env", "box_bounds"]
+__all__ = ["Box", "MultiNormEnv", "make_env", "action_bounds", "box_bounds"]
 
 
 @dataclass(frozen=True)
@@ -101,9 +101,10 @@ class MultiNormEnv:
         self.rng.bit_generator.state = state["rng"]
 
 
-def box_bounds(owner: str, env: Any) -> tuple[int, int, float]:
-    """``(state_dim, action_dim, max_action)`` of an env with a flat continuous observation and a symmetric Box
-    action space; ``TypeError`` for anything else (TD3 needs a Box action space)."""
+def action_bounds(owner: str, env: Any) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """``(state_dim, action_dim, low, high)`` of an env with a flat continuous observation and a Box action space
+    with finite bounds ``low < high`` (float64 arrays, one entry per action dimension; any box, e.g.
+    ``gymnasium.wrappers.RescaleAction(env, 0, 1)``); ``TypeError`` for anything else (TD3 needs a Box)."""
     act = getattr(env, "action_space", None)
     obs = getattr(env, "observation_space", None)
     if act is None or not hasattr(act, "low") or not hasattr(act, "high") or not hasattr(act, "shape"):
@@ -117,11 +118,21 @@ def box_bounds(owner: str, env: Any) -> tuple[int, int, float]:
                          f"shape {getattr(obs, 'shape', None)}")
     if len(act.shape) != 1:
         raise ValueError(f"{owner}: the action space must be 1-D, got shape {act.shape}")
-    low, high = np.asarray(act.low, np.float64), np.asarray(act.high, np.float64)
-    if not (np.all(np.isfinite(high)) and np.allclose(low, -high) and np.allclose(high, high.flat[0])):
-        raise ValueError(f"{owner}: the action space must be symmetric and equal in every dimension "
-                         f"([-max_action, max_action]^d), got low={low}, high={high}")
-    return int(obs.shape[0]), int(act.shape[0]), float(high.flat[0])
+    low, high = np.asarray(act.low, np.float64).reshape(-1), np.asarray(act.high, np.float64).reshape(-1)
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low < high)):
+        raise ValueError(f"{owner}: the action space must be bounded with low < high in every dimension, got "
+                         f"low={low}, high={high}")
+    return int(obs.shape[0]), int(act.shape[0]), low, high
+
+
+def box_bounds(owner: str, env: Any) -> tuple[int, int, float]:
+    """``(state_dim, action_dim, max_action)`` of an env whose action space is ``[-max_action, max_action]^d``;
+    ``ValueError`` for any other box (use :func:`action_bounds`, which TD3/ALH train with)."""
+    state_dim, action_dim, low, high = action_bounds(owner, env)
+    if not (np.allclose(low, -high) and np.allclose(high, high.flat[0])):
+        raise ValueError(f"{owner}: the action space is not symmetric and equal in every dimension "
+                         f"([-max_action, max_action]^d), got low={low}, high={high}; use action_bounds")
+    return state_dim, action_dim, float(high.flat[0])
 
 
 def make_env(name: str, *, biased: bool = False, seed: int = 0) -> Any:

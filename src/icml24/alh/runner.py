@@ -5,7 +5,9 @@ a = clip(π(s, h') + 𝒩(0, (expl_noise · a_max)²), ±a_max) and one agent up
 ALH-a watches every transition and forgets at every episode end; evaluation (deterministic policy, its own
 environment reseeded to ``seed + 100`` every time; none during the warm-up, unbiased resets) calls ``forget()`` once and ``watch`` after
 every step of all the evaluation episodes. A checkpoint written at each evaluation holds the agent, the buffer,
-the environment and every generator, so a resumed run continues with the same numbers.
+the environment and every generator, so a resumed run continues with the same numbers (bit for bit; an env that
+cannot be snapshotted exactly is refused when a checkpoint is asked for). Action bounds may be any box [low, high]:
+exploration noise is relative to the scale (high − low)/2 and actions are clipped to the box (cleanrl's TD3).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from icml24.alh.envs import box_bounds
+from icml24.alh.envs import action_bounds
 from icml24.alh.td3 import ReplayBuffer, TD3Agent
 from icml24.common import validate as v
 from icml24.common.progress import progress
@@ -54,35 +56,82 @@ def _wrappers(env: Any) -> list[Any]:
     return out
 
 
-def _env_state(env: Any) -> Any:
-    """A snapshot of the environment's state: ``get_state()`` (MultiNormEnv), MuJoCo's qpos/qvel/warm start with
-    the env's generator and time-limit counters (gymnasium MuJoCo tasks), else None."""
-    if hasattr(env, "get_state"):
-        return ("state", env.get_state())
+_WRAPPER_FIELDS = ("_elapsed_steps", "_has_reset")  # TimeLimit's step counter, OrderEnforcing's reset flag
+_CLASSIC_FIELDS = ("state", "last_u", "steps_beyond_terminated")  # what gymnasium's classic-control envs change
+
+
+def _wrapper_state(env: Any) -> list[dict[str, Any]]:
+    return [{k: getattr(w, k) for k in _WRAPPER_FIELDS if k in vars(w)} for w in _wrappers(env)]
+
+
+def _restore_wrappers(env: Any, saved: list[dict[str, Any]]) -> None:
+    for w, fields in zip(_wrappers(env), saved, strict=False):
+        for k, val in fields.items():
+            setattr(w, k, val)
+
+
+def _snapshot_kind(env: Any) -> str | None:
+    """How :func:`_env_state` snapshots ``env``: ``"state"`` (its own ``get_state``/``set_state``, e.g.
+    MultiNormEnv), ``"mujoco"`` (gymnasium MuJoCo tasks), ``"classic"`` (gymnasium classic-control tasks such as
+    Pendulum-v1, whose whole state is ``unwrapped.state`` and the generator), else None (no exact snapshot)."""
+    if hasattr(env, "get_state") and hasattr(env, "set_state"):
+        return "state"
     u = getattr(env, "unwrapped", None)
-    if u is not None and hasattr(u, "data") and hasattr(u, "set_state"):
-        d = u.data
-        steps = [w._elapsed_steps for w in _wrappers(env) if hasattr(w, "_elapsed_steps")]
-        return ("mujoco", d.qpos.copy(), d.qvel.copy(), d.qacc_warmstart.copy(), float(d.time),
-                copy.deepcopy(u.np_random.bit_generator.state), steps)
+    if u is None:
+        return None
+    if hasattr(u, "data") and hasattr(u, "set_state"):
+        return "mujoco"
+    if type(u).__module__.startswith("gymnasium.envs.classic_control."):
+        return "classic"
     return None
+
+
+def _env_state(env: Any) -> Any:
+    """A snapshot of the environment's state (kinds in :func:`_snapshot_kind`): the env's own state, or the
+    unwrapped env's dynamic state and generator plus the wrappers' step counters and reset flags; None when the
+    env cannot be snapshotted."""
+    kind = _snapshot_kind(env)
+    if kind == "state":
+        return {"kind": kind, "state": env.get_state()}
+    if kind is None:
+        return None
+    u = env.unwrapped
+    st: dict[str, Any] = {"kind": kind, "rng": copy.deepcopy(u.np_random.bit_generator.state),
+                          "wrappers": _wrapper_state(env)}
+    if kind == "mujoco":
+        d = u.data
+        st.update(qpos=d.qpos.copy(), qvel=d.qvel.copy(), warm=d.qacc_warmstart.copy(), time=float(d.time))
+    else:
+        st["fields"] = {k: copy.deepcopy(getattr(u, k)) for k in _CLASSIC_FIELDS if k in vars(u)}
+    return st
 
 
 def _restore_env(env: Any, st: Any) -> bool:
     """Restore a snapshot from :func:`_env_state`; False when there is none (the episode then restarts)."""
     if st is None:
         return False
-    if st[0] == "state":
-        env.set_state(st[1])
+    if isinstance(st, tuple):  # checkpoints written before the classic-control snapshots
+        if st[0] == "state":
+            st = {"kind": "state", "state": st[1]}
+        else:
+            _, qpos, qvel, warm, t, rng, steps = st
+            for w, n in zip([w for w in _wrappers(env) if hasattr(w, "_elapsed_steps")], steps, strict=False):
+                w._elapsed_steps = n
+            st = {"kind": "mujoco", "qpos": qpos, "qvel": qvel, "warm": warm, "time": t, "rng": rng, "wrappers": []}
+    if st["kind"] == "state":
+        env.set_state(st["state"])
         return True
-    _, qpos, qvel, warm, t, rng, steps = st
+    env.reset()  # wrappers that check the call order (OrderEnforcing, the passive checker) see a reset env
     u = env.unwrapped
-    u.set_state(qpos, qvel)
-    u.data.qacc_warmstart[:] = warm
-    u.data.time = t
-    u.np_random.bit_generator.state = rng
-    for w, n in zip([w for w in _wrappers(env) if hasattr(w, "_elapsed_steps")], steps, strict=False):
-        w._elapsed_steps = n
+    if st["kind"] == "mujoco":
+        u.set_state(st["qpos"], st["qvel"])
+        u.data.qacc_warmstart[:] = st["warm"]
+        u.data.time = st["time"]
+    else:
+        for k, val in st["fields"].items():
+            setattr(u, k, copy.deepcopy(val))
+    u.np_random.bit_generator.state = st["rng"]
+    _restore_wrappers(env, st["wrappers"])
     return True
 
 
@@ -111,11 +160,22 @@ def train(*, agent: TD3Agent, env: Any, eval_env: Any, total_steps: int, start_s
         evaluation curve (step 0 first), mean critic loss per evaluation interval.
     """
     w = "alh.train"
-    state_dim, action_dim, max_action = box_bounds(w, env)
-    box_bounds(w, eval_env)
+    state_dim, action_dim, low, high = action_bounds(w, env)
+    _, _, elow, ehigh = action_bounds(w, eval_env)
     if state_dim != agent.state_dim or action_dim != agent.action_dim:
         raise ValueError(f"{w}: the env has observation size {state_dim} and action size {action_dim}, the "
                          f"agent's networks expect {agent.state_dim} and {agent.action_dim}")
+    for name, (lo, hi) in (("env", (low, high)), ("eval_env", (elow, ehigh))):
+        if not (np.allclose(lo, agent.action_low, rtol=1e-6, atol=1e-6)
+                and np.allclose(hi, agent.action_high, rtol=1e-6, atol=1e-6)):
+            raise ValueError(f"{w}: the {name}'s action bounds [{lo}, {hi}] differ from the agent's "
+                             f"[{agent.action_low}, {agent.action_high}] (give the agent action_low/action_high "
+                             "or max_action to match)")
+    if checkpoint is not None and _snapshot_kind(env) is None:
+        raise ValueError(f"{w}: cannot checkpoint the env {env!r} ({type(getattr(env, 'unwrapped', env)).__name__}) "
+                         "bit-exactly: resuming would restart its episode with other numbers. Supported: envs with "
+                         "get_state()/set_state(), gymnasium MuJoCo and classic-control tasks; add get_state/"
+                         "set_state to the env or train without a checkpoint")
     v.integer(w, "total_steps", total_steps, minimum=1)
     v.integer(w, "start_steps", start_steps, minimum=0)
     v.integer(w, "batch_size", batch_size, minimum=1)
@@ -128,6 +188,7 @@ def train(*, agent: TD3Agent, env: Any, eval_env: Any, total_steps: int, start_s
     v.integer(w, "seed", seed, minimum=0)
     cap = total_steps if buffer_size is None else v.integer(w, "buffer_size", buffer_size, minimum=batch_size)
 
+    scale = (high - low) / 2.0
     rng = np.random.default_rng(seed)
     buf = ReplayBuffer(state_dim=state_dim, action_dim=action_dim, capacity=cap, seed=seed + 2)
     log: dict[str, Any] = {"steps": [], "returns": [], "critic_loss": [], "finite": True, "episodes": 0}
@@ -145,7 +206,7 @@ def train(*, agent: TD3Agent, env: Any, eval_env: Any, total_steps: int, start_s
         t0 = st["t"]
         if _restore_env(env, st["env"]):
             s, ep_steps = st["obs"], st["ep_steps"]
-        else:  # NOTE: an environment without a state snapshot restarts its interrupted episode
+        else:  # a checkpoint written without an env snapshot (older code): the interrupted episode restarts
             s, _ = env.reset()
             ep_steps = 0
     else:
@@ -158,10 +219,10 @@ def train(*, agent: TD3Agent, env: Any, eval_env: Any, total_steps: int, start_s
     for t in progress(range(t0, total_steps), desc=desc or "alh train", total=total_steps - t0):
         if t < start_steps:
             a = env.random_action(rng) if hasattr(env, "random_action") else \
-                rng.uniform(-max_action, max_action, size=action_dim).astype(np.float32)
-        else:
-            a = np.clip(agent.act(s) + rng.normal(0.0, max_action * expl_noise, size=action_dim),
-                        -max_action, max_action).astype(np.float32)
+                rng.uniform(low, high, size=action_dim).astype(np.float32)
+        else:  # exploration noise relative to the action scale (high − low)/2 (a_max; cleanrl: action_scale)
+            a = np.clip(agent.act(s) + rng.normal(0.0, scale * expl_noise, size=action_dim),
+                        low, high).astype(np.float32)
         s2, r, term, trunc, _ = env.step(a)
         ep_steps += 1
         if watch:
