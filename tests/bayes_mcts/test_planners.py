@@ -293,3 +293,102 @@ def test_gridleaper_bellman_and_exact_planning():
                                                                                        seed=2).optimal_steps()
     with pytest.raises(ValueError, match="lanes"):
         GridLeaper(lanes=0)
+
+
+# ----------------------------------------------------------------------------------------------- issue 30
+def test_bts_first_visit_is_greedy_on_the_mean():
+    # the root starts at n = 1: p_1 = 0.5, z = 0, so the first expansion is the highest mean, not the optimistic
+    # wide action (at p_2, z = 0.36: 0.9 + 0.36 > 1.0)
+    def model(s):
+        return np.array([1.0, 0.9]), np.array([0.01, 1.0])
+
+    res = BTS(env=TreeEnv(), value_model=model, budget=1).plan()
+    assert res.visits.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 20])
+def test_bts_selection_uses_the_quantile_of_the_nodes_visit_count(n):
+    from icml24.bayes_mcts import Node, bts_percentile
+
+    planner = BTS(env=TreeEnv(), value_model=tree_model, budget=1)
+    z = {k: gaussian_quantile(bts_percentile(k)) for k in (n - 1, n, n + 1) if k >= 1}
+    node = Node(1, None, None, 0.0, False)
+    node.n = n
+    # action 0: a sure 0; action 1: mean −c, std 1, so it wins exactly when z(p_n) > c
+    for c, expect in [((z[n] + z[n + 1]) / 2, 0), ((z[n - 1] + z[n]) / 2 if n > 1 else z[n] - 0.05, 1)]:
+        node.pmax_m, node.pmax_s = np.array([0.0, -c]), np.array([1e-6, 1.0])
+        assert planner._select(node) == expect, (n, c)
+
+
+def test_planners_expose_the_max_posterior_grid():
+    env = TreeEnv()
+    for n_bins, grid in [(7, "official"), (7, "adaptive"), (50, "official"), (50, "adaptive")]:
+        res = TSTS(env=env, value_model=tree_model, budget=12, seed=0, n_bins=n_bins, grid=grid).plan()
+        # every internal node's max posterior on the root's edge is the grid's max-of-Gaussians of the child
+        root = res.root
+        for a, c in root.children.items():
+            if c.selected:
+                xm, xs = max_of_gaussians(c.pmax_m, np.maximum(c.pmax_s, 1e-9), n_bins=n_bins, grid=grid)
+                np.testing.assert_allclose(root.pmax_m[a], c.reward + float(xm), rtol=1e-12, atol=1e-12)
+                np.testing.assert_allclose(root.pmax_s[a], float(xs), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="n_bins"):
+        BTS(env=env, value_model=tree_model, budget=1, n_bins=2)
+    with pytest.raises(ValueError, match="grid must be one of"):
+        TSTS(env=env, value_model=tree_model, budget=1, grid="uniform")
+
+
+def test_gymnasium_adapter_needs_a_key_that_tells_states_apart():
+    import gymnasium as gym
+    import minigrid  # noqa: F401
+
+    from icml24.bayes_mcts import GymnasiumAdapter
+
+    env = gym.make("MiniGrid-SimpleCrossingS9N1-v0")
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match="key_fn is required"):
+        GymnasiumAdapter(env)
+    with pytest.raises(ValueError, match=r"empty key \(\)"):
+        GymnasiumAdapter(env, key_fn=lambda e: ())
+    with pytest.raises(TypeError, match="hashable"):
+        GymnasiumAdapter(env, key_fn=lambda e: [1, 2])
+    ad = GymnasiumAdapter(env, key_fn=lambda e: (*map(int, e.unwrapped.agent_pos), int(e.unwrapped.agent_dir)),
+                          actions=(0, 1, 2))
+    s0 = ad.get_state()
+    ad.step(2)
+    ad.step(1)
+    s1 = ad.get_state()
+    assert s0.key != s1.key  # two poses, two keys (the old default gave () for both)
+    ad.set_state(s0)
+    assert ad.get_state().key == s0.key
+
+
+@pytest.mark.parametrize("name", ["MiniGrid-DoorKey-5x5-v0", "MiniGrid-MultiRoom-N2-S4-v0"])
+@pytest.mark.parametrize("fast", [True, False])
+def test_minigrid_layouts_beyond_the_pose_model_are_refused(name, fast):
+    with pytest.raises(ValueError, match=f"unsupported layout {name}: it has door at"):
+        make_minigrid(name, seed=0, fast_state=fast)
+
+
+def test_minigrid_edge_of_an_open_grid_blocks_and_unreachable_goal_is_named():
+    import gymnasium as gym
+    from minigrid.core.world_object import Wall
+
+    from icml24.bayes_mcts import MiniGridAdapter
+
+    def empty():
+        env = gym.make("MiniGrid-Empty-5x5-v0", max_steps=10**6)
+        env.reset(seed=0)
+        return env
+
+    d = MiniGridAdapter(empty()).optimal_steps()
+    env = empty()
+    u = env.unwrapped
+    for x in range(u.width):  # open the top row: the pose model must not step off the grid (no shortcut there)
+        u.grid.set(x, 0, None)
+    assert MiniGridAdapter(env).optimal_steps() == d
+    env = empty()
+    u = env.unwrapped
+    for y in range(1, u.height - 1):  # wall off the goal's column
+        u.grid.set(2, y, Wall())
+    with pytest.raises(ValueError, match="goal cannot be reached from the start pose"):
+        MiniGridAdapter(env).optimal_steps()

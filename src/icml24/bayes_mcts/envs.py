@@ -295,17 +295,35 @@ class GymnasiumAdapter:
 
     Args:
         env: a reset gymnasium env.
+        key_fn: required: maps the wrapped env to a hashable key that tells its states apart, stored on each
+            snapshot (``state.key``); value models (e.g. :class:`SimulatedValueModel`) look states up by it.
+            Example for MiniGrid: ``lambda e: (*e.unwrapped.agent_pos, e.unwrapped.agent_dir)``.
         actions: the discrete actions to plan over (default: ``range(env.action_space.n)``).
-        key_fn: maps the wrapped env to a hashable key stored on each snapshot (``state.key``), for value models.
     """
 
-    def __init__(self, env: Any, *, actions: Sequence[int] | None = None,
-                 key_fn: Callable[[Any], tuple[int, ...]] | None = None) -> None:
+    def __init__(self, env: Any, *, key_fn: Callable[[Any], Hashable] | None = None,
+                 actions: Sequence[int] | None = None) -> None:
         if not hasattr(env, "step"):
             raise TypeError(f"GymnasiumAdapter: env must be a gymnasium env with step(), got {type(env).__name__}")
+        # (before issue 30 the default key was (), which made every state one state to a value model)
+        if key_fn is None:
+            raise TypeError("GymnasiumAdapter: key_fn is required: a function env -> hashable key that tells the "
+                            "env's states apart (e.g. lambda e: (*e.unwrapped.agent_pos, e.unwrapped.agent_dir) for "
+                            "MiniGrid); value models look states up by it")
+        if not callable(key_fn):
+            raise TypeError(f"GymnasiumAdapter: key_fn must be callable env -> key, got {type(key_fn).__name__}")
+        key = key_fn(env)
+        try:
+            hash(key)
+        except TypeError as e:
+            raise TypeError(f"GymnasiumAdapter: key_fn must return a hashable key, got {type(key).__name__} "
+                            f"{key!r}") from e
+        if key == ():
+            raise ValueError("GymnasiumAdapter: key_fn returned the empty key (), the same for every state; "
+                             "return something that tells states apart")
         self.env = env
         self._actions = tuple(int(a) for a in (actions if actions is not None else range(env.action_space.n)))
-        self._key_fn = key_fn or (lambda e: ())
+        self._key_fn = key_fn
         self._terminal = False
 
     @property
@@ -343,10 +361,13 @@ class MiniGridAdapter(GymnasiumAdapter):
         death_penalty: penalty for entering lava (default 100: never better than walking to the goal).
     """
 
+    SUPPORTED_CELLS = ("wall", "floor", "goal", "lava")  # a static grid: the pose (x, y, dir) is the state
+
     def __init__(self, env: Any, *, fast_state: bool = True, death_penalty: float = 100.0) -> None:
         u = env.unwrapped
         if not hasattr(u, "agent_pos") or not hasattr(u, "grid"):
             raise TypeError(f"MiniGridAdapter: env must be a MiniGrid env, got {type(u).__name__}")
+        self._check_layout(env)
         super().__init__(env, actions=(0, 1, 2), key_fn=lambda e: (int(e.unwrapped.agent_pos[0]),
                                                                   int(e.unwrapped.agent_pos[1]),
                                                                   int(e.unwrapped.agent_dir)))
@@ -355,6 +376,26 @@ class MiniGridAdapter(GymnasiumAdapter):
         self.start = self._pose()
         self._q: dict[tuple[int, int, int], np.ndarray] | None = None
         self._dist: dict[tuple[int, int, int], int] | None = None
+
+    @classmethod
+    def _check_layout(cls, env: Any) -> None:
+        """``ValueError`` for a layout the pose model cannot represent (doors, keys, boxes, balls: state beyond the
+        agent's pose, and actions beyond left/right/forward)."""
+        u = env.unwrapped
+        found: dict[str, tuple[int, int]] = {}
+        for x in range(u.width):
+            for y in range(u.height):
+                cell = u.grid.get(x, y)
+                if cell is not None and cell.type not in cls.SUPPORTED_CELLS:
+                    found.setdefault(cell.type, (x, y))
+        if found:
+            name = getattr(getattr(env, "spec", None), "id", None) or type(u).__name__
+            cells = ", ".join(f"{t} at {xy}" for t, xy in sorted(found.items()))
+            raise ValueError(f"MiniGridAdapter: unsupported layout {name}: it has {cells}; the pose model (left / "
+                             f"right / forward, exact q_star) supports static grids of "
+                             f"{', '.join(cls.SUPPORTED_CELLS)} only (e.g. FourRooms, SimpleCrossing, "
+                             "LavaCrossing); wrap other envs with GymnasiumAdapter(env, key_fn=...) and a value "
+                             "model of your own")
 
     def _pose(self) -> tuple[int, int, int]:
         u = self.env.unwrapped
@@ -399,7 +440,10 @@ class MiniGridAdapter(GymnasiumAdapter):
         if a == 1:
             return (x, y, (d + 1) % 4), None
         dx, dy = DIR_TO_VEC[d]
-        cell = self.env.unwrapped.grid.get(x + dx, y + dy)
+        u = self.env.unwrapped
+        if not (0 <= x + dx < u.width and 0 <= y + dy < u.height):  # the edge of an open grid blocks like a wall
+            return pose, None
+        cell = u.grid.get(x + dx, y + dy)
         if cell is None:
             return (x + dx, y + dy, d), None
         if cell.can_overlap():
@@ -449,6 +493,9 @@ class MiniGridAdapter(GymnasiumAdapter):
     def optimal_steps(self) -> int:
         if self._dist is None:
             self._ground_truth()
+        if self.start not in self._dist:
+            raise ValueError(f"MiniGridAdapter: unsupported layout: the goal cannot be reached from the start pose "
+                             f"{self.start} with left / right / forward")
         return int(self._dist[self.start])
 
 

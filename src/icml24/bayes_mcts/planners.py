@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from icml24.bayes_mcts.distributions import _max1d, bts_percentile, gaussian_quantile
+from icml24.bayes_mcts.distributions import _check_grid, _max1d, bts_percentile, gaussian_quantile
 from icml24.bayes_mcts.envs import check_env
 from icml24.bayes_mcts.value_models import STD_FLOOR, check_value_output
 from icml24.common import validate as v
@@ -185,6 +185,12 @@ class _BayesianTreeSearch(TreeSearchPlanner):
 
     _root_visits = 1  # official bts.py: root.num_visits = 1 before the first iteration
 
+    def __init__(self, *, n_bins: int = 50, grid: Literal["adaptive", "official"] = "adaptive",
+                 **kwargs: Any) -> None:
+        _check_grid(type(self).__name__, n_bins, grid)
+        self.n_bins, self.grid = int(n_bins), grid
+        super().__init__(**kwargs)
+
     def _init_node(self, node: Node) -> None:
         node.post_m, node.post_s = node.mu.copy(), node.sd.copy()
         node.pmax_m, node.pmax_s = node.mu.copy(), node.sd.copy()
@@ -200,7 +206,7 @@ class _BayesianTreeSearch(TreeSearchPlanner):
                 else:
                     ex = int(np.argmax(node.post_m))  # median = mean for Gaussians
                     vm, vs = float(node.post_m[ex]), float(node.post_s[ex])
-                    xm, xs = _max1d(node.pmax_m, node.pmax_s)
+                    xm, xs = _max1d(node.pmax_m, node.pmax_s, self.n_bins, self.grid)
                 p, a = node.parent, node.action
                 p.post_m[a], p.post_s[a] = node.reward + g * vm, g * vs
                 p.pmax_m[a], p.pmax_s[a] = node.reward + g * xm, g * xs
@@ -223,7 +229,9 @@ class TSTS(_BayesianTreeSearch):
             frontier leaf value, maxima propagated up, the argmax path followed).
         deterministic: re-seed the sampler with ``seed`` at every decision (official ``TSTS_det``).
         exploration: scale on the posterior std when sampling (1 = official; a knob tuned on validation tasks).
-        **kwargs: :class:`TreeSearchPlanner` arguments (env, value_model, budget, gamma, seed).
+        **kwargs: :class:`TreeSearchPlanner` arguments (env, value_model, budget, gamma, seed) and the max
+            posterior's grid: ``n_bins`` (uniform points, official 50) and ``grid`` (``"adaptive"``, default, or
+            ``"official"``; see :func:`~icml24.bayes_mcts.distributions.max_of_gaussians`).
     """
 
     name = "tsts"
@@ -272,7 +280,7 @@ class BTS(_BayesianTreeSearch):
         percentile_init: p at the first visit (official 0.5: greedy on the mean).
         percentile_scale: visits per e-fold of ``1 − p`` (official 3; a knob tuned on validation tasks).
         max_visits: cap on n in the schedule (official 150).
-        **kwargs: :class:`TreeSearchPlanner` arguments.
+        **kwargs: :class:`TreeSearchPlanner` arguments, ``n_bins`` and ``grid`` (as :class:`TSTS`).
     """
 
     name = "bts"
