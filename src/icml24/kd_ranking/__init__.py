@@ -5,7 +5,14 @@ KL distillation and calibration-insensitive ranking-based distillation losses, a
 """
 
 from icml24.kd_ranking.calibration import CalibrationMetrics, ece, fit_temperature
-from icml24.kd_ranking.losses import RANKING_KINDS, KLDistillLoss, RankingKDLoss, distill
+from icml24.kd_ranking.losses import (
+    AUTO_TOP_K,
+    AUTO_TOP_K_ABOVE,
+    RANKING_KINDS,
+    KLDistillLoss,
+    RankingKDLoss,
+    distill,
+)
 
 __all__ = ["CalibrationMetrics", "ece", "fit_temperature", "KLDistillLoss", "RankingKDLoss", "RANKING_KINDS",
-           "distill"]
+           "AUTO_TOP_K", "AUTO_TOP_K_ABOVE", "distill"]

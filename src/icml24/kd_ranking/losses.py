@@ -17,18 +17,29 @@ Student objective (replacement of KL by the ranking loss): ``L = (1 - lambda) * 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from icml24.common import validate as v
 
-__all__ = ["KLDistillLoss", "RankingKDLoss", "RANKING_KINDS", "distill"]
+__all__ = ["KLDistillLoss", "RankingKDLoss", "RANKING_KINDS", "AUTO_TOP_K", "AUTO_TOP_K_ABOVE", "distill"]
 
 RANKING_KINDS = ("pairwise", "listmle", "kendall_soft")
+
+#: ``top_k="auto"`` keeps every class up to this many classes ``C`` (all pairs: C = 1000 costs ~C²/2 = 5e5
+#: pair terms per row) and switches the pairwise kinds to the teacher's top :data:`AUTO_TOP_K` above it.
+AUTO_TOP_K_ABOVE = 1024
+#: the ``K`` that ``top_k="auto"`` picks above :data:`AUTO_TOP_K_ABOVE` classes (K·C pair terms per row: at
+#: V = 32k about the cost of all pairs at C = 1000; see ``benchmarks/kd_ranking_pairwise_cost.py``).
+AUTO_TOP_K = 16
+#: default ``chunk_size``: pair terms evaluated at once (a few 4 MiB float32 buffers per chunk).
+DEFAULT_CHUNK = 2**20
 
 
 Reduction = Literal["mean", "sum", "none"]
@@ -148,6 +159,116 @@ class KLDistillLoss(nn.Module):
                 f"reduction={self.reduction!r}")
 
 
+def _top_indices(t: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices ``(n, k)`` of each row's top-``k`` teacher classes; ties at the boundary go to the lower index.
+
+    The same set as the first ``k`` of a stable descending argsort, without sorting all ``C`` classes.
+    """
+    kth = t.topk(k, dim=1, sorted=False).values.amin(1, keepdim=True)
+    gt = t > kth
+    eq = t == kth
+    fill = eq & (eq.cumsum(1) <= k - gt.sum(1, keepdim=True))  # the lowest-index ties fill the last places
+    return (gt | fill).nonzero()[:, 1].view(t.shape[0], k)
+
+
+def _pair_pass(s: torch.Tensor, t: torch.Tensor, k: int, kind: str, chunk: int,
+               want_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One chunked pass over the pairs ``(j, k)``, ``j`` among the teacher's top ``k``, ``t_j > t_k``.
+
+    Returns the per-row sum of ``phi(s_j - s_k)``, the per-row pair count and, with ``want_grad``, the
+    gradient of each row's sum with respect to its row of ``s`` (computed in the same sweep: the loss is a
+    per-row sum, so the backward only rescales it). At most about ``chunk`` pair terms exist at once.
+    With ``4k > C`` the rows are sorted by the teacher (stable): the pair ``(r, q)`` of sorted positions needs
+    ``q > r``, so a block of top positions ``[r0, r1)`` only meets the columns ``q >= r0`` (blocks of ``k/8``
+    positions: about 56% of the ``k·C`` terms); otherwise the top ``k`` are selected without a sort and meet
+    every column.
+    """
+    n, c = s.shape
+    acc = torch.float32 if s.dtype in (torch.float16, torch.bfloat16) else s.dtype
+    sort = 4 * k > c
+    r_block = max(1, min(k, chunk // c, -(-k // 8) if sort else k))
+    rows = max(1, chunk // (r_block * c))
+    pairwise = kind == "pairwise"
+    total = torch.zeros(n, dtype=acc, device=s.device)
+    count = torch.zeros(n, dtype=torch.long, device=s.device)
+    grad = torch.zeros(n, c, dtype=acc, device=s.device) if want_grad else None
+
+    def terms(s_hi: torch.Tensor, s_col: torch.Tensor, off: torch.Tensor | None, g: torch.Tensor | None,
+              hi_slice: slice | torch.Tensor, col0: int, row: slice) -> None:
+        """Add the terms of the pairs (hi, col) (``off``: pairs that are not pairs, or None) to total/g."""
+        d = s_col[:, None, :] - s_hi[:, :, None]  # s_k - s_j
+        # pairwise: softplus(-(s_j - s_k)); kendall_soft: 1 - tanh(s_j - s_k) = 1 + tanh(s_k - s_j)
+        val = F.softplus(d) if pairwise else torch.tanh(d).add_(1.0)
+        if off is not None:
+            val.masked_fill_(off, 0.0)
+        total[row] += val.sum((1, 2), dtype=acc)
+        if g is None:
+            return
+        # w = -phi'(s_j - s_k) >= 0: sigmoid(s_k - s_j), resp. 1 - tanh^2(s_k - s_j)
+        w = torch.sigmoid(d) if pairwise else 1.0 - torch.tanh(d).square_()
+        if off is not None:
+            w.masked_fill_(off, 0.0)
+        g[:, col0:col0 + s_col.shape[1]] += w.sum(1, dtype=acc)  # d/ds_k = +w
+        if isinstance(hi_slice, slice):
+            g[:, hi_slice] -= w.sum(2, dtype=acc)  # d/ds_j = -w
+        else:
+            g.scatter_add_(1, hi_slice, -w.sum(2, dtype=acc))
+
+    for a in range(0, n, rows):
+        row = slice(a, a + rows)
+        sc, tc = s[row], t[row]
+        g = torch.zeros(sc.shape, dtype=acc, device=s.device) if want_grad else None
+        if sort:
+            order = torch.argsort(tc, dim=1, descending=True, stable=True)
+            sc, tc = sc.gather(1, order), tc.gather(1, order)
+            # sorted position r is above exactly the positions q >= first_less[r] (a suffix): ties excluded
+            n_less = torch.searchsorted(tc.flip(1).contiguous(), tc[:, :k].contiguous(), right=False)
+            first_less = c - n_less
+            count[row] = n_less.sum(1)
+            for r0 in range(0, k, r_block):
+                r1 = min(k, r0 + r_block)
+                m = int(first_less[:, r0:r1].max())  # >= r1; columns from m on are below every r of the block
+                q = torch.arange(r0, m, device=s.device)
+                off = q[None, None, :] < first_less[:, r0:r1, None]
+                terms(sc[:, r0:r1], sc[:, r0:m], off, g, slice(r0, r1), r0, row)
+                if m < c:
+                    terms(sc[:, r0:r1], sc[:, m:], None, g, slice(r0, r1), m, row)
+            if want_grad:
+                grad[row] = torch.empty_like(g).scatter_(1, order, g)  # back to class order
+        else:
+            top = _top_indices(tc, k)
+            for r0 in range(0, k, r_block):
+                idx = top[:, r0:r0 + r_block]
+                t_hi = tc.gather(1, idx)
+                off = t_hi[:, :, None] <= tc[:, None, :]  # (n, R, C): j not strictly above k in the teacher
+                count[row] += off.shape[1] * c - off.sum((1, 2))
+                terms(sc.gather(1, idx), sc, off, g, idx, 0, row)
+            if want_grad:
+                grad[row] = g
+    return total, count, grad
+
+
+class _PairwiseRank(torch.autograd.Function):
+    """Per-row pairwise ranking loss, chunked: the pair terms are evaluated chunk by chunk and the gradient of
+    each row's sum is accumulated in the same sweep, so no ``(N, K, C)`` tensor is ever stored; the backward
+    rescales that ``(N, C)`` gradient (no double backward)."""
+
+    @staticmethod
+    def forward(ctx, s: torch.Tensor, t: torch.Tensor, k: int, kind: str, chunk: int) -> torch.Tensor:
+        total, count, grad = _pair_pass(s, t, k, kind, chunk, ctx.needs_input_grad[0])
+        n_pairs = count.clamp_min(1).to(total.dtype)
+        ctx.save_for_backward(grad, n_pairs)
+        ctx.s_dtype = s.dtype
+        return (total / n_pairs).to(s.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        grad, n_pairs = ctx.saved_tensors
+        coef = grad_out.to(n_pairs.dtype) / n_pairs
+        return (grad * coef[:, None]).to(ctx.s_dtype), None, None, None, None
+
+
 class RankingKDLoss(nn.Module):
     """Ranking-based distillation: the student matches the *order* of the teacher's logits, not their scale.
 
@@ -166,39 +287,81 @@ class RankingKDLoss(nn.Module):
     - ``"kendall_soft"`` (smoothed Kendall tau): ``1 - mean_{(j,k): t_j > t_k} tanh(s_j - s_k)``, in [0, 2].
 
     With ``top_k = K`` only pairs whose higher-ranked class is among the teacher's top ``K`` count (top-K vs
-    all), and ListMLE sums the first ``K`` positions. The pairwise kinds gather the ``K`` top rows, so they
-    cost O(N·K·C) memory and time for N rows (O(N·C²) without ``top_k``): use ``top_k`` for large vocabularies.
+    all; ties at the K-th place go to the lower class index, as in a stable sort), and ListMLE sums the first
+    ``K`` positions.
+
+    **Cost.** The pairwise kinds evaluate about ``N·K·C`` pair terms for ``N`` rows (``N·C²/2`` with all
+    classes), in chunks of at most ``chunk_size`` terms, forward and backward alike (the backward recomputes
+    the terms and is analytic): memory is ``O(N·C + chunk_size)`` whatever ``K`` and ``C``, and the result
+    equals the unchunked sum up to floating-point summation order. ``top_k="auto"`` (default) keeps every class
+    up to :data:`AUTO_TOP_K_ABOVE` = 1024 classes and uses ``K =`` :data:`AUTO_TOP_K` = 16 above it (a language
+    model's vocabulary): the choice is warned once per class count and shown in ``repr``; ``top_k=None``
+    (all classes) or an integer overrides it. ListMLE costs ``O(N·C log C)`` and ``"auto"`` keeps all of its
+    positions.
 
     Rows are the samples of ``(B, C)`` logits or the tokens of ``(B, T, V)`` logits; ``mask`` (1 = keep, e.g.
     an attention mask) and ``labels == ignore_index`` drop rows.
 
     Args:
         kind: ``"pairwise"`` (default), ``"listmle"`` or ``"kendall_soft"``.
-        top_k: ``K``, or ``None`` for all ``C`` classes. Must be in ``[1, C]`` (checked at call time).
+        top_k: ``K``; ``None`` for all ``C`` classes; ``"auto"`` (default) for all classes up to
+            ``C = 1024`` and ``K = 16`` above. An integer must be in ``[1, C]`` (checked at call time).
         tau_s: student temperature ``tau_s > 0`` (margin scale of the student's logits).
         reduction: ``"mean"`` over kept rows (default), ``"sum"``, or ``"none"`` (shape ``(B,)``/``(B, T)``, 0 at
             dropped rows).
         ignore_index: label value whose rows are dropped when ``labels`` is given (default -100).
+        chunk_size: most pair terms evaluated at once by the pairwise kinds (default ``2**20``; memory, not
+            the result, depends on it).
 
     Raises:
-        ValueError: unknown ``kind`` or ``reduction``, ``top_k < 1`` or ``tau_s <= 0``.
+        ValueError: unknown ``kind`` or ``reduction``, ``top_k`` not ``None``/``"auto"``/an integer ``>= 1``,
+            ``tau_s <= 0``, ``chunk_size < 1``.
     """
 
     def __init__(self, *, kind: Literal["pairwise", "listmle", "kendall_soft"] = "pairwise",
-                 top_k: int | None = None, tau_s: float = 1.0, reduction: Reduction = "mean",
-                 ignore_index: int = -100) -> None:
+                 top_k: int | None | Literal["auto"] = "auto", tau_s: float = 1.0, reduction: Reduction = "mean",
+                 ignore_index: int = -100, chunk_size: int = DEFAULT_CHUNK) -> None:
         super().__init__()
         v.one_of("RankingKDLoss", "kind", kind, RANKING_KINDS)
-        if top_k is not None:
+        if isinstance(top_k, str):
+            if top_k != "auto":
+                raise ValueError(f"RankingKDLoss: top_k must be None, 'auto' or an integer >= 1, got {top_k!r}")
+        elif top_k is not None:
             top_k = v.integer("RankingKDLoss", "top_k", top_k, minimum=1)
         self.kind = kind
         self.top_k = top_k
         self.tau_s = v.positive("RankingKDLoss", "tau_s", tau_s)
         self.reduction = v.one_of("RankingKDLoss", "reduction", reduction, ("mean", "sum", "none"))
         self.ignore_index = v.integer("RankingKDLoss", "ignore_index", ignore_index)
+        self.chunk_size = v.integer("RankingKDLoss", "chunk_size", chunk_size, minimum=1)
+        #: the automatic choices made so far, ``{C: K}`` (``top_k="auto"`` only; shown in ``repr``)
+        self.auto_top_k: dict[int, int] = {}
 
     def extra_repr(self) -> str:
-        return f"kind={self.kind!r}, top_k={self.top_k}, tau_s={self.tau_s}, reduction={self.reduction!r}"
+        top = repr(self.top_k)
+        if self.auto_top_k:
+            top += " (chose " + ", ".join(f"top_k={k} at C={c}" for c, k in sorted(self.auto_top_k.items())) + ")"
+        return (f"kind={self.kind!r}, top_k={top}, tau_s={self.tau_s}, reduction={self.reduction!r}, "
+                f"chunk_size={self.chunk_size}")
+
+    def resolve_top_k(self, num_classes: int) -> int:
+        """The ``K`` used at ``C = num_classes`` (``C`` for all classes); an automatic choice is recorded and
+        warned once per ``C``."""
+        c = num_classes
+        if self.top_k is None:
+            return c
+        if self.top_k != "auto":
+            if self.top_k > c:
+                raise ValueError(f"RankingKDLoss: top_k ({self.top_k}) must be <= number of classes ({c})")
+            return self.top_k
+        if self.kind == "listmle" or c <= AUTO_TOP_K_ABOVE:
+            return c
+        if c not in self.auto_top_k:
+            self.auto_top_k[c] = AUTO_TOP_K
+            warnings.warn(f"RankingKDLoss: top_k='auto' uses the teacher's top_k={AUTO_TOP_K} classes at C={c} > "
+                          f"{AUTO_TOP_K_ABOVE} (all pairs would cost ~C^2/2 = {c * c // 2:.2e} terms per row); "
+                          "pass top_k=None for all pairs or an integer to choose", stacklevel=3)
+        return self.auto_top_k[c]
 
     def forward(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, *,
                 mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -211,10 +374,7 @@ class RankingKDLoss(nn.Module):
             labels: optional ``(B,)``/``(B, T)`` labels; rows equal to ``ignore_index`` are dropped.
         """
         _check_pair("RankingKDLoss", student_logits, teacher_logits)
-        c = student_logits.shape[-1]
-        k = c if self.top_k is None else self.top_k
-        if k > c:
-            raise ValueError(f"RankingKDLoss: top_k ({k}) must be <= number of classes ({c})")
+        k = self.resolve_top_k(student_logits.shape[-1])
         s, t, keep = _rows_and_mask("RankingKDLoss", student_logits, teacher_logits, mask, labels,
                                     self.ignore_index)
         if keep is not None:
@@ -222,28 +382,16 @@ class RankingKDLoss(nn.Module):
         return _reduce(self._per_row(s, t, k), keep, student_logits.shape[:-1], self.reduction)
 
     def _per_row(self, s: torch.Tensor, t: torch.Tensor, k: int) -> torch.Tensor:
-        c = s.shape[1]
         s = s / self.tau_s
-        order = torch.argsort(t, dim=1, descending=True, stable=True)  # teacher order pi (descending, stable)
         if self.kind == "listmle":
+            order = torch.argsort(t, dim=1, descending=True, stable=True)  # teacher order pi
             s_pi = s.gather(1, order)
             # reverse cumulative logsumexp: lse[r] = logsumexp_{q >= r} s_pi[q]
             lse = torch.logcumsumexp(s_pi.flip(1), dim=1).flip(1)
             return (lse[:, :k] - s_pi[:, :k]).mean(1)
-        if k < c:  # only the teacher's top-K classes can be the higher member of a pair: (N, K, C) tensors
-            top = order[:, :k]
-            s_hi, t_hi = s.gather(1, top), t.gather(1, top)
-        else:
-            s_hi, t_hi = s, t
-        above = t_hi[:, :, None] > t[:, None, :]  # (N, K, C): class j (a top class) strictly above class k
-        diff = s_hi[:, :, None] - s[:, None, :]  # s_j - s_k
-        if self.kind == "pairwise":
-            per_pair = F.softplus(-diff)
-        else:  # kendall_soft
-            per_pair = 1.0 - torch.tanh(diff)
-        per_pair = torch.where(above, per_pair, torch.zeros_like(per_pair))
-        n_pairs = above.sum(dim=(1, 2))
-        return per_pair.sum(dim=(1, 2)) / n_pairs.clamp_min(1).to(per_pair.dtype)
+        if s.shape[0] == 0:
+            return s.new_zeros(0)
+        return _PairwiseRank.apply(s, t.to(s.dtype) if t.dtype != s.dtype else t, k, self.kind, self.chunk_size)
 
 
 def distill(student: nn.Module, teacher: nn.Module | Callable[[torch.Tensor], torch.Tensor] | None,
