@@ -161,9 +161,20 @@ class FederatedCompositionalAUC:
 
     @torch.no_grad()
     def scores(self, state: State, x: torch.Tensor, *, weights: str = "predictor") -> torch.Tensor:
-        """h(x) = sigmoid(logit) with the predictor weights (``weights="x"`` uses x itself)."""
+        """h(x) = sigmoid(logit) with the predictor weights (``weights="x"`` uses x itself).
+
+        The model runs in ``eval()`` mode (BatchNorm uses its running statistics and does not update them, dropout
+        is off), as ``model.eval(); model(x)`` would; every submodule's own mode is restored after.
+        """
+        v.one_of(_OWNER, "weights", weights, ("predictor", "x"))
         w = self.predictor_weights(state) if weights == "predictor" else state["w"]
-        return torch.sigmoid(self.logits(w, x))
+        modes = [(m, m.training) for m in self.model.modules()]
+        self.model.eval()
+        try:
+            return torch.sigmoid(self.logits(w, x))
+        finally:
+            for m, mode in modes:
+                m.training = mode
 
     # ------------------------------------------------------------------ one local step
     def _primal_grad(self, g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
