@@ -14,7 +14,8 @@ from icml24.common.nets import Mlp, TinyViT
 from icml24.iffn import IFFN, AGeLU, count_flops, ffn_flops_per_token, ffn_num_params, replace_ffn
 from tests.iffn._reference import dwconv_at
 
-TIMM_MLP_ARGS = ["in_features", "hidden_features", "out_features", "act_layer", "norm_layer", "bias", "drop"]
+TIMM_MLP_ARGS = ["in_features", "hidden_features", "out_features", "act_layer", "norm_layer", "bias", "drop",
+                 "use_conv"]
 
 
 def _randomize(module: nn.Module, seed: int = 0) -> None:
@@ -73,7 +74,9 @@ def test_iffn_one_instance_no_spatial_equals_standard_ffn(use_ratio):
 
 
 def _reference_iffn(m: IFFN, x: torch.Tensor, p: int) -> torch.Tensor:
-    """Slow per-token reference of the concat IFFN (explicit depthwise convolution loops)."""
+    """Slow per-token reference of the parallel IFFN (explicit depthwise convolution loops). concat: fc2 reads
+    ``[H_1, ..., H_n, H_s]``; add: fc2 reads ``[H_1 + H_s, ..., H_n + H_s]`` (H_s joins every instance block at
+    the same channel j)."""
     b, n, c = x.shape
     side = int(round((n - p) ** 0.5))
     w, bias = m.dwconv.weight[:, 0], m.dwconv.bias
@@ -89,7 +92,12 @@ def _reference_iffn(m: IFFN, x: torch.Tensor, p: int) -> torch.Tensor:
                 s = dwconv_at(u, w, bias, bi, t, p, side)
                 sa = m.spatial_act
                 hs = sa.a * F.gelu(sa.b * s + sa.c) + sa.d
-            out[bi, t] = m.fc2.weight @ torch.cat([hc, hs]) + m.fc2.bias
+            if m.spatial_merge == "concat":
+                h = torch.cat([hc, hs])
+            else:  # instance k's channel j (fc2 input k·C' + j) gets spatial channel j
+                cp = m.hidden
+                h = torch.cat([hc[k * cp:(k + 1) * cp] + hs for k in range(m.n_instances)])
+            out[bi, t] = m.fc2.weight @ h + m.fc2.bias
     return out
 
 
@@ -100,6 +108,26 @@ def test_iffn_matches_slow_reference(p, k):
     _randomize(m, 2)
     x = torch.randn(2, p + 16, 6, dtype=torch.float64)
     torch.testing.assert_close(m(x), _reference_iffn(m, x, p))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_add_merge_channel_order_matches_slow_reference(n):
+    """With n >= 2 the add merge's channel order matters: H_s must be added to channel j of *every* instance
+    block (``repeat``), not spread over the blocks (``repeat_interleave``) nor added to one block only."""
+    torch.manual_seed(0)
+    m = IFFN(6, hidden_ratio=1.0, n_instances=n, spatial_merge="add", num_prefix_tokens=1).double()
+    _randomize(m, 3)
+    x = torch.randn(2, 1 + 9, 6, dtype=torch.float64)
+    torch.testing.assert_close(m(x), _reference_iffn(m, x, 1))
+    # the same through fc2's blocks: fc2(add) == sum_k W_k (H_k + H_s)
+    u = m.fc1(x)
+    g = u[:, 1:].transpose(1, 2).reshape(2, 6, 3, 3)
+    hs = m.spatial_act(m.dwconv(g).flatten(2).transpose(1, 2))
+    hs = torch.cat([hs.new_zeros(2, 1, 6), hs], dim=1)
+    hc = m.act(u).unflatten(-1, (n, 6))
+    blocks = m.fc2.weight.unflatten(1, (n, 6))  # (out, n, C')
+    y = torch.einsum("onc,btnc->bto", blocks, hc + hs.unsqueeze(2)) + m.fc2.bias
+    torch.testing.assert_close(m(x), y)
 
 
 def test_add_merge_equals_concat_with_tied_fc2():
@@ -196,9 +224,13 @@ def test_cost_table_of_the_notes():
 # ------------------------------------------------------------------------------ drop-in / timm contract
 def test_timm_mlp_signature_contract():
     params = list(inspect.signature(IFFN.__init__).parameters.values())[1:]
-    assert [q.name for q in params[:7]] == TIMM_MLP_ARGS
-    assert all(q.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for q in params[:7])
-    assert all(q.kind is inspect.Parameter.KEYWORD_ONLY for q in params[7:])
+    assert [q.name for q in params[:8]] == TIMM_MLP_ARGS
+    assert all(q.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for q in params[:8])
+    assert all(q.kind is inspect.Parameter.KEYWORD_ONLY for q in params[8:])
+    # timm's defaults (act_layer aside: AGeLU replaces it)
+    defaults = {q.name: q.default for q in params[:8]}
+    assert defaults == {"in_features": inspect.Parameter.empty, "hidden_features": None, "out_features": None,
+                        "act_layer": None, "norm_layer": None, "bias": True, "drop": 0.0, "use_conv": False}
     # exactly the call of timm's vision_transformer.Block (with dd = device/dtype)
     layer = functools.partial(IFFN, hidden_ratio=1.0)
     m = layer(in_features=32, hidden_features=128, act_layer=nn.GELU, norm_layer=nn.LayerNorm, bias=True,
@@ -207,6 +239,62 @@ def test_timm_mlp_signature_contract():
     assert m.norm.normalized_shape == (m.fc2_in,)
     assert m(torch.randn(2, 17, 32, dtype=torch.float64)).shape == (2, 17, 32)
     assert IFFN(32, 128, hidden_ratio=None).hidden == 128  # hidden_ratio=None: use the host's width
+
+
+def test_hidden_features_is_the_hidden_width_unless_the_ratio_says_otherwise():
+    """timm's meaning: ``IFFN(64, 256)`` has hidden width 256 (as ``Mlp(64, 256)``); the paper's reduced ratio
+    is asked for explicitly with ``hidden_ratio``."""
+    m = IFFN(64, 256)
+    assert m.hidden == 256 and m.fc1.out_features == 256 and m.hidden_ratio is None
+    assert m.fc2.in_features == 256 * 3  # concat: 2 AGeLU instances + the spatial part
+    assert IFFN(64).hidden == 64  # timm: hidden_features or in_features
+    assert IFFN(64, 256, hidden_ratio=1.0).hidden == 64
+    assert IFFN(64, 256, hidden_ratio=0.5).hidden == 32
+    assert IFFN(in_features=64, hidden_features=256, n_instances=1, spatial=False).fc2.in_features == 256
+
+
+def test_drop_pair_like_timm():
+    m = IFFN(8, drop=(0.1, 0.3))
+    assert (m.drop1.p, m.drop2.p) == (0.1, 0.3)
+    m = IFFN(8, drop=0.2)
+    assert (m.drop1.p, m.drop2.p) == (0.2, 0.2)
+    with pytest.raises(ValueError, match="drop must be a float or a pair"):
+        IFFN(8, drop=(0.1, 0.2, 0.3))
+    with pytest.raises(ValueError, match="drop must be in"):
+        IFFN(8, drop=(0.1, 1.0))
+
+
+@pytest.mark.parametrize("spatial", [True, False])
+def test_use_conv_equals_channels_last_tokens(spatial):
+    """``use_conv=True`` (timm's 1x1-conv Mlp): (B, C, H, W) in and out, fc1/fc2 are 1x1 convs, and the result
+    equals the token form on the same grid with the same weights."""
+    torch.manual_seed(0)
+    conv = IFFN(8, 16, use_conv=True, n_instances=2, spatial=spatial, num_prefix_tokens=1).double()
+    assert conv.num_prefix_tokens == 0 and isinstance(conv.fc1, nn.Conv2d) and conv.fc1.kernel_size == (1, 1)
+    assert conv.fc1.weight.shape == (16, 8, 1, 1) and conv.fc2.weight.shape == (8, conv.fc2_in, 1, 1)
+    tok = IFFN(8, 16, n_instances=2, spatial=spatial, num_prefix_tokens=0).double()
+    _randomize(conv, 4)
+    state = {k: (t.flatten(1) if k in ("fc1.weight", "fc2.weight") else t) for k, t in conv.state_dict().items()}
+    tok.load_state_dict(state)
+    x = torch.randn(2, 8, 3, 5, dtype=torch.float64)
+    y = conv(x)
+    assert y.shape == (2, 8, 3, 5)
+    torch.testing.assert_close(y, tok(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
+    assert count_flops(conv, x) == conv.flops(batch_size=2, num_tokens=15)
+    with pytest.raises(ValueError, match=r"use_conv=True expects \(B, 8, H, W\)"):
+        conv(torch.randn(2, 15, 8, dtype=torch.float64))
+
+
+def test_use_conv_one_gelu_instance_equals_a_1x1_conv_mlp_and_norm_sees_channels_first():
+    torch.manual_seed(0)
+    m = IFFN(8, 32, use_conv=True, n_instances=1, spatial=False, agelu_init="gelu")
+    fc1, fc2 = nn.Conv2d(8, 32, 1), nn.Conv2d(32, 8, 1)  # timm's Mlp(8, 32, use_conv=True)
+    m.fc1.load_state_dict(fc1.state_dict())
+    m.fc2.load_state_dict(fc2.state_dict())
+    x = torch.randn(2, 8, 4, 4)
+    torch.testing.assert_close(m(x), fc2(F.gelu(fc1(x))), rtol=0, atol=0)
+    bn = IFFN(8, 16, use_conv=True, norm_layer=nn.BatchNorm2d)  # a 2-d norm, as timm's conv hosts pass
+    assert bn(x).shape == (2, 8, 4, 4) and bn.norm.num_features == bn.fc2_in
 
 
 def test_drops_into_tiny_vit_and_replace_ffn():
@@ -223,7 +311,8 @@ def test_drops_into_tiny_vit_and_replace_ffn():
     assert all(isinstance(b.mlp, IFFN) and b.mlp.hidden == 16 and b.mlp.num_prefix_tokens == 1
                for b in base.blocks)
     assert base(x).shape == (3, 10)
-    assert replace_ffn(base) == 0  # idempotent
+    with pytest.raises(ValueError, match=r"3 FFN\(s\) already are IFFNs"):  # never a silent 0
+        replace_ffn(base)
 
     # hidden_ratio=None keeps the old width; with one GeLU instance and copied weights logits are unchanged
     ref = TinyViT(img_size=8, patch_size=2, embed_dim=32, depth=2)

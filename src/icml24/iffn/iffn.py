@@ -14,6 +14,7 @@ spatial branch, its normalisation and the hidden ratio are RECONSTRUCTIONS, each
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Literal
@@ -157,22 +158,31 @@ class IFFN(nn.Module):
     ``topology="serial"`` puts the depthwise conv *before* the activations, as in LocalViT / CMT's IRFFN:
     ``Y = fc2(cat_k AGeLU_k(norm(DWConv(grid(U)))))`` (fc2 input n·C'; prefix tokens skip the conv, keeping U).
 
-    The first seven arguments follow timm's ``Mlp`` (``mlp_layer`` slot of timm's ``Block``); timm's block
-    calls ``mlp_layer(in_features=dim, hidden_features=int(dim*mlp_ratio), act_layer=, norm_layer=, bias=,
-    drop=, device=, dtype=)``, so ``functools.partial(IFFN, hidden_ratio=1.0, ...)`` drops in unchanged.
-    The token grid is inferred at forward time: ``H = W = sqrt(N - num_prefix_tokens)`` for ``(B, N, C)``
-    input, or taken from the shape of channels-last ``(B, H, W, C)`` input (Swin layout, no prefix tokens).
+    The first eight arguments are timm's ``Mlp`` signature (``in_features, hidden_features, out_features,
+    act_layer, norm_layer, bias, drop, use_conv``) with timm's defaults and meaning: ``IFFN(64, 256)`` has
+    hidden width 256, as ``Mlp(64, 256)`` has. timm's ``Block`` calls ``mlp_layer(in_features=dim,
+    hidden_features=int(dim*mlp_ratio), act_layer=, norm_layer=, bias=, drop=, device=, dtype=)``, so
+    ``IFFN`` (host width) or ``functools.partial(IFFN, hidden_ratio=1.0, ...)`` (the paper's reduced width)
+    fill the ``mlp_layer`` slot unchanged. The token grid is inferred at forward time: ``H = W = sqrt(N -
+    num_prefix_tokens)`` for ``(B, N, C)`` input, or taken from the shape of channels-last ``(B, H, W, C)``
+    input (Swin layout, no prefix tokens), or of channels-first ``(B, C, H, W)`` input with ``use_conv=True``.
 
     Args:
         in_features: C, token width.
-        hidden_features: hidden width offered by the host block (``int(C·mlp_ratio)``); used only when
-            ``hidden_ratio is None``.
+        hidden_features: hidden width C' (timm: ``int(C·mlp_ratio)``; default C), used unless ``hidden_ratio``
+            is given.
         out_features: output width (default C).
         act_layer: accepted for timm compatibility and ignored: the activations are AGeLU (GeLU-based).
-        norm_layer: optional norm over the fc2 input width (timm's ``scale_mlp_norm``), else identity.
+        norm_layer: optional norm over the fc2 input width (timm's ``scale_mlp_norm``), else identity. With
+            ``use_conv=True`` it sees the channels-first ``(B, fc2_in, H, W)`` map, as in timm.
         bias: bias of fc1/fc2 (a bool or a pair like timm's ``to_2tuple``); the depthwise conv uses ``bias[0]``.
-        drop: dropout after the activations and after fc2.
-        hidden_ratio: r, hidden width ``C' = round(r·C)``; overrides ``hidden_features`` (``None``: use it).
+        drop: dropout after the activations and after fc2: a float or a pair ``(drop1, drop2)`` (timm's
+            ``to_2tuple``).
+        use_conv: timm's 1x1-conv form: fc1/fc2 are ``nn.Conv2d(kernel_size=1)`` (state dicts match timm's
+            ``Mlp(use_conv=True)``) and the input is a channels-first ``(B, C, H, W)`` map, which is also the
+            spatial branch's grid (no prefix tokens: ``num_prefix_tokens`` is set to 0).
+        hidden_ratio: r, the paper's reduced hidden width ``C' = round(r·C)`` (e.g. 1.0 instead of ViT's 4);
+            when given it overrides ``hidden_features``; ``None`` (default) keeps ``hidden_features``.
         n_instances: n, AGeLU instances on the channel path.
         spatial: whether to add the depthwise-conv spatial branch.
         kernel_size: k, odd side of the depthwise kernel (padding k//2 keeps the grid), or an odd pair
@@ -199,8 +209,8 @@ class IFFN(nn.Module):
     def __init__(self, in_features: int, hidden_features: int | None = None, out_features: int | None = None,
                  act_layer: Callable[..., nn.Module] | None = None,
                  norm_layer: Callable[[int], nn.Module] | None = None,
-                 bias: bool | tuple[bool, bool] = True, drop: float = 0.0, *,
-                 hidden_ratio: float | None = 1.0, n_instances: int = 2, spatial: bool = True,
+                 bias: bool | tuple[bool, bool] = True, drop: float | tuple[float, float] = 0.0,
+                 use_conv: bool = False, *, hidden_ratio: float | None = None, n_instances: int = 2, spatial: bool = True,
                  kernel_size: int | tuple[int, int] = 3, spatial_merge: Literal["concat", "add"] = "concat",
                  spatial_norm: Literal["none", "bn"] = "none", spatial_act: Literal["agelu", "gelu"] = "agelu",
                  agelu_init: AGeLUInit = "shift", agelu_shift: float = 0.5, agelu_learnable: bool = True,
@@ -235,14 +245,25 @@ class IFFN(nn.Module):
         if grid_size is not None:
             _check_grid_size(grid_size)
             grid_size = (int(grid_size[0]), int(grid_size[1]))
-        v.in_range("iffn", "drop", drop, 0.0, 1.0, high_open=True)
+        drops = tuple(drop) if isinstance(drop, (tuple, list)) else (drop, drop)
+        if len(drops) != 2:
+            raise ValueError(f"iffn: drop must be a float or a pair (drop1, drop2), got {drop!r}")
+        for d in drops:
+            v.in_range("iffn", "drop", d, 0.0, 1.0, high_open=True)
         biases = (bias, bias) if isinstance(bias, bool) else tuple(bias)
         if len(biases) != 2:
             raise ValueError(f"iffn: bias must be a bool or a pair of bools, got {bias!r}")
+        if not isinstance(use_conv, bool):
+            raise TypeError(f"iffn: use_conv must be a bool, got {type(use_conv).__name__}")
+        if use_conv:
+            num_prefix_tokens = 0  # a (B, C, H, W) map has no cls token
         del act_layer  # NOTE(deviation): the host's act_layer is replaced by AGeLU (the method's point).
 
+        # timm's rule (hidden_features or in_features) unless the paper's ratio r is asked for explicitly
         hidden = max(1, int(round(hidden_ratio * in_features))) if hidden_ratio is not None else (
             hidden_features or in_features)
+        self.hidden_ratio = hidden_ratio
+        self.use_conv = use_conv
         self.in_features = in_features
         self.hidden = hidden
         self.out_features = out_features or in_features
@@ -257,7 +278,8 @@ class IFFN(nn.Module):
         self.bias = biases
         kw = {"device": device, "dtype": dtype}
 
-        self.fc1 = nn.Linear(in_features, hidden, bias=biases[0], **kw)
+        linear = functools.partial(nn.Conv2d, kernel_size=1) if use_conv else nn.Linear
+        self.fc1 = linear(in_features, hidden, bias=biases[0], **kw)
         self.act = AGeLU(hidden, n_instances=n_instances, param_shape=param_shape, init=agelu_init,
                          shift=agelu_shift, learnable=agelu_learnable, **kw)
         if spatial:
@@ -270,12 +292,12 @@ class IFFN(nn.Module):
                                     if spatial_act == "agelu" else nn.GELU())
         concat = spatial and topology == "parallel" and spatial_merge == "concat"
         self.fc2_in = hidden * (n_instances + (1 if concat else 0))
-        self.drop1 = nn.Dropout(drop)
+        self.drop1 = nn.Dropout(drops[0])
         self.norm = norm_layer(self.fc2_in) if norm_layer is not None else nn.Identity()
         if device is not None or dtype is not None:
             self.norm.to(device=device, dtype=dtype)
-        self.fc2 = nn.Linear(self.fc2_in, self.out_features, bias=biases[1], **kw)
-        self.drop2 = nn.Dropout(drop)
+        self.fc2 = linear(self.fc2_in, self.out_features, bias=biases[1], **kw)
+        self.drop2 = nn.Dropout(drops[1])
 
     # ------------------------------------------------------------------ forward
     def _grid(self, n_tokens: int, p: int, grid_size: tuple[int, int] | None) -> tuple[int, int]:
@@ -300,6 +322,8 @@ class IFFN(nn.Module):
         """Apply IFFN to ``(B, N, C)`` tokens (P prefix tokens first, then an H×W grid, row-major) or to a
         channels-last ``(B, H, W, C)`` grid. ``grid_size=(H, W)`` overrides the square-grid inference.
         Without the spatial branch any ``(..., C)`` input is accepted."""
+        if self.use_conv:
+            return self._forward_conv(x)
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"iffn: expected last dimension {self.in_features}, got {tuple(x.shape)}")
         if not self.spatial:  # token-wise: any (..., C) input
@@ -313,15 +337,35 @@ class IFFN(nn.Module):
             return y.reshape(b, gh, gw, -1)
         return self._forward_tokens(x, self.num_prefix_tokens, grid_size if grid_size is not None else self.grid_size)
 
+    def _forward_conv(self, x: torch.Tensor) -> torch.Tensor:
+        """timm's ``use_conv`` form: channels-first ``(B, C, H, W)`` in and out, 1x1-conv fc1/fc2."""
+        if x.ndim != 4 or x.shape[1] != self.in_features:
+            raise ValueError(f"iffn: use_conv=True expects (B, {self.in_features}, H, W) input, got "
+                             f"{tuple(x.shape)}")
+        b, c, gh, gw = x.shape
+        tokens = x.flatten(2).transpose(1, 2)               # (B, H·W, C), row-major grid
+        h = self._hidden(tokens, 0, (gh, gw))               # (B, H·W, fc2_in)
+        h = h.transpose(1, 2).reshape(b, self.fc2_in, gh, gw)
+        return self.drop2(self.fc2(self.norm(h)))           # norm and 1x1 conv on the channels-first map
+
+    def _fc1(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_conv:  # a 1x1 conv is a linear map of the channel vector
+            return F.linear(x, self.fc1.weight.flatten(1), self.fc1.bias)
+        return self.fc1(x)
+
     def _forward_tokens(self, x: torch.Tensor, p: int, grid_size: tuple[int, int] | None) -> torch.Tensor:
+        return self.drop2(self.fc2(self.norm(self._hidden(x, p, grid_size))))
+
+    def _hidden(self, x: torch.Tensor, p: int, grid_size: tuple[int, int] | None) -> torch.Tensor:
+        """The fc2 input (after ``drop1``, before ``norm``) of ``(B, N, C)`` tokens."""
         hw = self._grid(x.shape[1], p, grid_size) if self.spatial else None
-        u = self.fc1(x)                                     # (B, N, C')
+        u = self._fc1(x)                                    # (B, N, C')
         if self.spatial and self.topology == "serial":     # fc1 -> DWConv -> act (LocalViT / CMT)
             b, _, cp = u.shape
             g = u[:, p:].transpose(1, 2).reshape(b, cp, hw[0], hw[1])
             s = self.spatial_norm(self.dwconv(g)).flatten(2).transpose(1, 2)
             h = self.act(torch.cat([u[:, :p], s], dim=1))   # prefix tokens keep U (no conv)
-            return self.drop2(self.fc2(self.norm(self.drop1(h))))
+            return self.drop1(h)
         h = self.act(u)                                     # (B, N, n·C')
         if self.spatial:
             b, _, cp = u.shape
@@ -330,7 +374,7 @@ class IFFN(nn.Module):
             s = self.spatial_act(s)                         # (B, N-P, C')
             s = torch.cat([s.new_zeros(b, p, cp), s], dim=1)  # prefix tokens: zero spatial part
             h = torch.cat([h, s], dim=-1) if self.spatial_merge == "concat" else h + s.repeat(1, 1, self.n_instances)
-        return self.drop2(self.fc2(self.norm(self.drop1(h))))
+        return self.drop1(h)
 
     # ------------------------------------------------------------------ costs
     def flops(self, *, batch_size: int, num_tokens: int, num_prefix_tokens: int | None = None) -> int:
@@ -367,7 +411,8 @@ class IFFN(nn.Module):
         return total + self.fc2_in * o + (o if self.bias[1] else 0)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, hidden={self.hidden}, n_instances={self.n_instances}, "
+        return (f"in_features={self.in_features}, hidden={self.hidden}, hidden_ratio={self.hidden_ratio}, "
+                f"use_conv={self.use_conv}, n_instances={self.n_instances}, "
                 f"spatial={self.spatial}, kernel_size={self.kernel_size}, spatial_merge={self.spatial_merge!r}, "
                 f"num_prefix_tokens={self.num_prefix_tokens}, topology={self.topology!r}")
 
@@ -402,23 +447,70 @@ def count_flops(module: nn.Module, *inputs: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
+_PREFIX_TOKEN_ATTRS = ("cls_token", "dist_token", "distillation_token")
+
+
 def _default_prefix_tokens(model: nn.Module) -> int:
-    """timm's ``model.num_prefix_tokens`` if present, else the number of ``cls_token``/``dist_token`` tensors
-    (0 for Swin-like models, which have neither)."""
+    """timm's ``model.num_prefix_tokens`` if present, else the leading tokens held by the first module (the model
+    itself, or HF's ``embeddings``) that has a ``cls_token``: one per ``cls_token``/``dist_token``/
+    ``distillation_token`` tensor plus the ``register_tokens`` (DINOv2 with registers); 0 when no module has a
+    cls token (Swin-like models)."""
     p = getattr(model, "num_prefix_tokens", None)
     if p is not None:
         return int(p)
+    for mod in model.modules():
+        if isinstance(getattr(mod, "cls_token", None), torch.Tensor):
+            n = sum(isinstance(getattr(mod, k, None), torch.Tensor) for k in _PREFIX_TOKEN_ATTRS)
+            reg = getattr(mod, "register_tokens", None)
+            return n + (int(reg.shape[1]) if isinstance(reg, torch.Tensor) and reg.ndim == 3 else 0)
     return sum(isinstance(getattr(model, k, None), torch.Tensor) for k in ("cls_token", "dist_token"))
 
 
-def replace_ffn(model: nn.Module, *, attr: str = "mlp", num_prefix_tokens: int | None = None,
-                keep_weights: bool = False, new_fc2_columns: Literal["zeros", "init"] = "zeros",
-                **iffn_kwargs: object) -> int:
-    """Replace every FFN stored as ``<block>.<attr>`` (a module with Linear ``fc1``/``fc2``) by an :class:`IFFN`.
+def _as_pointwise(layer: object) -> tuple[int, int] | None:
+    """``(in, out)`` of an ``nn.Linear`` or a 1x1 ``nn.Conv2d`` (timm's ``use_conv`` Mlp), else None."""
+    if isinstance(layer, nn.Linear):
+        return layer.in_features, layer.out_features
+    if (isinstance(layer, nn.Conv2d) and layer.kernel_size == (1, 1) and layer.stride == (1, 1)
+            and layer.padding == (0, 0) and layer.dilation == (1, 1) and layer.groups == 1):
+        return layer.in_channels, layer.out_channels
+    return None
 
-    Works on timm-style ViTs (``blocks.i.mlp``), Swin-like models (``layers.i.blocks.j.mlp``, no prefix tokens)
-    and the package's ``TinyViT``. The new module lives on the old one's device/dtype and keeps its in/out
-    widths; ``hidden_features`` defaults to the old hidden width (used when ``hidden_ratio=None``).
+
+def _hf_pair(parent: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """``(intermediate, output)`` when ``parent`` is an HF encoder layer with the FFN split in two (ViTLayer,
+    DeiTLayer, BertLayer...): ``intermediate.dense`` Linear C -> C' + activation, ``output.dense`` Linear
+    C' -> C (then dropout, residual or norm inside ``output``)."""
+    inter, out = getattr(parent, "intermediate", None), getattr(parent, "output", None)
+    if not (isinstance(inter, nn.Module) and isinstance(out, nn.Module)):
+        return None
+    d1, d2 = getattr(inter, "dense", None), getattr(out, "dense", None)
+    if not (isinstance(d1, nn.Linear) and isinstance(d2, nn.Linear)):
+        return None
+    if d1.out_features != d2.in_features or d2.out_features != d1.in_features:
+        return None
+    return inter, out
+
+
+def replace_ffn(model: nn.Module, *, attr: str = "mlp", style: Literal["auto", "timm", "hf"] = "auto",
+                num_prefix_tokens: int | None = None, keep_weights: bool = False,
+                new_fc2_columns: Literal["zeros", "init"] = "zeros", **iffn_kwargs: object) -> int:
+    """Replace every FFN of ``model`` by an :class:`IFFN`; raise if there is none to replace.
+
+    Two layouts are found (``style="auto"``: both):
+
+    - ``"timm"``: an FFN stored as ``<block>.<attr>`` with ``fc1``/``fc2`` that are ``nn.Linear`` (timm-style
+      ViTs ``blocks.i.mlp``, Swin-like models ``layers.i.blocks.j.mlp``, the package's ``TinyViT``) or 1x1
+      ``nn.Conv2d`` (timm's ``Mlp(use_conv=True)``: the IFFN gets ``use_conv=True``).
+    - ``"hf"``: Hugging Face's split FFN, ``<layer>.intermediate`` (``dense`` C -> C' + activation) and
+      ``<layer>.output`` (``dense`` C' -> C, dropout, then the residual add in ``ViTOutput`` / ``DeiTOutput``,
+      or add + LayerNorm in ``BertOutput``). ``intermediate`` becomes the IFFN (C -> C) and ``output.dense``
+      becomes ``nn.Identity``, so ``output`` keeps its own dropout, residual and norm; the IFFN's ``drop``
+      defaults to 0 there (``output.dropout`` already follows it). The HF ``hidden_act`` is replaced by AGeLU,
+      and ``config.intermediate_size`` no longer describes the model (``save_pretrained`` writes weights that
+      a stock class will not load).
+
+    The new module lives on the old one's device/dtype and keeps its in/out widths; ``hidden_features``
+    defaults to the old hidden width (kept unless ``hidden_ratio`` is given).
 
     With ``keep_weights=True`` the pretrained linear weights are copied where shapes allow (old hidden width
     C'_old, new C', m = min(C', C'_old)): ``fc1.weight[:m]``/``fc1.bias[:m]`` <- the old first m rows (hidden
@@ -426,60 +518,102 @@ def replace_ffn(model: nn.Module, *, attr: str = "mlp", num_prefix_tokens: int |
     instance) <- the old first m columns; ``fc2.bias`` <- the old bias. Every other fc2 input column (AGeLU
     instances 2..n, the concat spatial part, units beyond C'_old) is zero (``new_fc2_columns="zeros"``: the
     new paths start silent, so with ``n_instances=1, agelu_init="gelu", spatial=False`` and the old width the
-    block computes the old FFN exactly) or keeps its fresh init (``"init"``). A reduced width (C' < C'_old)
-    keeps the *first* C' hidden units, not a selection by importance.
+    block computes the old FFN exactly, given a GeLU host) or keeps its fresh init (``"init"``). A reduced
+    width (C' < C'_old) keeps the *first* C' hidden units, not a selection by importance.
 
     Args:
-        model: the network, modified in place.
-        attr: attribute name of the FFN inside a block.
+        model: the network, modified in place (only after every target has been checked).
+        attr: attribute name of the FFN inside a timm-style block.
+        style: ``"auto"``, ``"timm"`` or ``"hf"``: which layouts to look for.
         num_prefix_tokens: P for every IFFN; default ``model.num_prefix_tokens`` (timm convention), else the
-            number of ``cls_token``/``dist_token`` attributes of ``model`` (0 for Swin-like models).
+            count of cls/distillation/register tokens of the first module holding a ``cls_token`` (HF ViT's
+            ``embeddings``: 1), else 0 (Swin-like models).
         keep_weights: copy the old fc1/fc2 weights as described above.
         new_fc2_columns: ``"zeros"`` or ``"init"`` for the fc2 columns without a pretrained counterpart.
         **iffn_kwargs: keyword arguments of :class:`IFFN` (``hidden_ratio``, ``n_instances``, ``spatial``...).
 
     Returns:
-        The number of replaced modules.
+        The number of replaced FFNs (>= 1).
+
+    Raises:
+        ValueError: no FFN of either layout was found (also when every FFN already is an IFFN), or bad arguments.
     """
     if not attr:
         raise ValueError("iffn: attr must name the FFN attribute, got ''")
+    v.one_of("iffn", "style", style, ("auto", "timm", "hf"))
     if not isinstance(keep_weights, bool):
         raise TypeError(f"iffn: keep_weights must be a bool, got {type(keep_weights).__name__}")
     v.one_of("iffn", "new_fc2_columns", new_fc2_columns, ("zeros", "init"))
     if num_prefix_tokens is None:
         num_prefix_tokens = _default_prefix_tokens(model)
-    targets = []
+    # (kind, parent, old FFN or HF output, fc1, fc2) for every target, collected before any change
+    targets: list[tuple[str, nn.Module, nn.Module, nn.Module, nn.Module]] = []
+    n_iffn = 0
     for parent in model.modules():
         old = getattr(parent, attr, None)
-        if isinstance(old, nn.Module) and isinstance(getattr(old, "fc1", None), nn.Linear) and isinstance(
-                getattr(old, "fc2", None), nn.Linear) and not isinstance(old, IFFN):
-            targets.append((parent, old))
-    for parent, old in targets:
-        w = old.fc1.weight
-        kwargs = {"hidden_features": old.fc1.out_features, "out_features": old.fc2.out_features,
-                  "bias": (old.fc1.bias is not None, old.fc2.bias is not None),
-                  "num_prefix_tokens": num_prefix_tokens, "device": w.device, "dtype": w.dtype, **iffn_kwargs}
-        new = IFFN(old.fc1.in_features, **kwargs)
+        if style in ("auto", "timm") and isinstance(old, nn.Module):
+            if isinstance(old, IFFN):
+                n_iffn += 1
+            else:
+                fc1, fc2 = getattr(old, "fc1", None), getattr(old, "fc2", None)
+                s1, s2 = _as_pointwise(fc1), _as_pointwise(fc2)
+                if s1 is not None and s2 is not None and type(fc1) is type(fc2):
+                    targets.append(("timm", parent, old, fc1, fc2))
+        if style in ("auto", "hf"):
+            if isinstance(getattr(parent, "intermediate", None), IFFN):
+                n_iffn += 1
+                continue
+            pair = _hf_pair(parent)
+            if pair is not None:
+                inter, out = pair
+                targets.append(("hf", parent, out, inter.dense, out.dense))
+    if not targets:
+        where = {"auto": f"no `<block>.{attr}` with Linear/1x1-conv fc1/fc2 and no Hugging Face "
+                         "`intermediate.dense`/`output.dense` pair",
+                 "timm": f"no `<block>.{attr}` with Linear/1x1-conv fc1/fc2",
+                 "hf": "no Hugging Face `intermediate.dense`/`output.dense` pair"}[style]
+        hint = (f" ({n_iffn} FFN(s) already are IFFNs)" if n_iffn else
+                "; pass attr= (timm layout) or style= naming the layout of this model")
+        raise ValueError(f"iffn: replace_ffn found nothing to replace in {type(model).__name__}: {where}{hint}")
+    news = []
+    for _, _, _, fc1, fc2 in targets:
+        w = fc1.weight
+        in_f, hid = _as_pointwise(fc1)
+        out_f = _as_pointwise(fc2)[1]
+        kwargs: dict[str, object] = {"hidden_features": hid, "out_features": out_f,
+                                     "bias": (fc1.bias is not None, fc2.bias is not None),
+                                     "num_prefix_tokens": num_prefix_tokens, "device": w.device, "dtype": w.dtype}
+        if isinstance(fc1, nn.Conv2d):
+            kwargs["use_conv"] = True
+        kwargs.update(iffn_kwargs)
+        new = IFFN(in_f, **kwargs)  # every IFFN is built (and its arguments checked) before the model changes
         if keep_weights:
-            _copy_ffn_weights(old, new, zero_rest=new_fc2_columns == "zeros")
-        setattr(parent, attr, new)
+            _copy_ffn_weights(fc1, fc2, new, zero_rest=new_fc2_columns == "zeros")
+        news.append(new)
+    for (kind, parent, holder, _, _), new in zip(targets, news, strict=True):
+        if kind == "timm":
+            setattr(parent, attr, new)
+        else:  # HF: intermediate -> IFFN (C -> C), output.dense -> identity (output keeps dropout + residual)
+            parent.intermediate = new
+            holder.dense = nn.Identity()
     return len(targets)
 
 
 @torch.no_grad()
-def _copy_ffn_weights(old: nn.Module, new: IFFN, *, zero_rest: bool) -> None:
-    if old.fc2.out_features != new.fc2.out_features or old.fc1.in_features != new.fc1.in_features:
-        raise ValueError(f"iffn: keep_weights needs the same in/out widths, got {old.fc1.in_features}->"
-                         f"{old.fc2.out_features} vs {new.fc1.in_features}->{new.fc2.out_features}")
-    m = min(old.fc1.out_features, new.hidden)
-    new.fc1.weight[:m].copy_(old.fc1.weight[:m])
-    if new.fc1.bias is not None and old.fc1.bias is not None:
-        new.fc1.bias[:m].copy_(old.fc1.bias[:m])
+def _copy_ffn_weights(fc1: nn.Module, fc2: nn.Module, new: IFFN, *, zero_rest: bool) -> None:
+    (in1, hid), (_, out2) = _as_pointwise(fc1), _as_pointwise(fc2)
+    if out2 != new.out_features or in1 != new.in_features:
+        raise ValueError(f"iffn: keep_weights needs the same in/out widths, got {in1}->{out2} vs "
+                         f"{new.in_features}->{new.out_features}")
+    m = min(hid, new.hidden)
+    new.fc1.weight[:m].copy_(fc1.weight[:m].view_as(new.fc1.weight[:m]))
+    if new.fc1.bias is not None and fc1.bias is not None:
+        new.fc1.bias[:m].copy_(fc1.bias[:m])
     if zero_rest:
         new.fc2.weight.zero_()
-    new.fc2.weight[:, :m].copy_(old.fc2.weight[:, :m])
-    if new.fc2.bias is not None and old.fc2.bias is not None:
-        new.fc2.bias.copy_(old.fc2.bias)
+    new.fc2.weight[:, :m].copy_(fc2.weight[:, :m].view_as(new.fc2.weight[:, :m]))
+    if new.fc2.bias is not None and fc2.bias is not None:
+        new.fc2.bias.copy_(fc2.bias)
 
 
 def agelu_parameter_names(model: nn.Module) -> list[str]:
