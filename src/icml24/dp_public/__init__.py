@@ -24,6 +24,8 @@ from icml24.dp_public.mean_estimation import (
     weighted_mean,
 )
 from icml24.dp_public.semi_dp import (
+    OpacusWrappingError,
+    ReproducibleNoiseWarning,
     SemiDPSGD,
     TrainResult,
     clip_and_sum,
@@ -56,6 +58,8 @@ __all__ = [
     "throw_away_mean",
     "treat_as_private_mean",
     "weighted_mean",
+    "OpacusWrappingError",
+    "ReproducibleNoiseWarning",
     "SemiDPSGD",
     "TrainResult",
     "clip_and_sum",

@@ -48,7 +48,7 @@ from icml24.dp_public.mean_estimation import (
     treat_as_private_mean,
     weighted_mean,
 )
-from icml24.dp_public.semi_dp import train_semi_dp
+from icml24.dp_public.semi_dp import ReproducibleNoiseWarning, train_semi_dp
 
 SLUG = "dp_public"
 
@@ -405,10 +405,15 @@ def run_linear(cfg: Config, seed: int, ratio: float) -> dict[str, Any]:
             model.weight.copy_(w_ls[None])
         # non-private reference: the same clipped full-batch GD on all data without noise (public_only on all)
         xq, yq = (x_all, y_all) if mode == "non_private" else (x_pub, y_pub)
-        train_semi_dp(model, _sq_loss, mode="public_only" if mode == "non_private" else mode,  # type: ignore
-                      x_priv=x_priv, y_priv=y_priv, x_pub=xq, y_pub=yq, epsilon=cfg.lin_epsilon,
-                      delta=cfg.delta, steps=cfg.lin_steps, lr=lr, beta=beta, max_grad_norm=cfg.clip_norm,
-                      batch_size=None, public_batch_size=None, generator=g)
+        # full batch under add/remove: the sum is divided by the data set's size declared by the design (n_priv,
+        # or n_priv + n_pub when the public rows join the noisy batch), a public constant of the Config
+        declared = n_priv + n_pub if mode == "dp_sgd_all" else n_priv
+        with warnings.catch_warnings():  # seeded on purpose: the experiment must be reproducible
+            warnings.simplefilter("ignore", ReproducibleNoiseWarning)
+            train_semi_dp(model, _sq_loss, mode="public_only" if mode == "non_private" else mode,  # type: ignore
+                          x_priv=x_priv, y_priv=y_priv, x_pub=xq, y_pub=yq, epsilon=cfg.lin_epsilon,
+                          delta=cfg.delta, steps=cfg.lin_steps, lr=lr, beta=beta, max_grad_norm=cfg.clip_norm,
+                          batch_size=None, expected_batch_size=declared, public_batch_size=None, generator=g)
         return model.weight.detach()[0]
 
     def fit(mode: str, beta: float) -> Any:
@@ -475,11 +480,13 @@ def run_digits(cfg: Config, seed: int) -> dict[str, Any]:
         model = torch.nn.Linear(x.shape[1], split.n_classes).to(cfg.device)
         # non-private reference: clipped minibatch SGD on all training data (public_only on the union)
         kw = dict(data, x_pub=x_all, y_pub=y_all) if mode == "non_private" else data
-        tr = train_semi_dp(model, _ce, mode="public_only" if mode == "non_private" else mode,  # type: ignore
-                           epsilon=eps, delta=cfg.delta,
-                           steps=cfg.dig_steps, lr=lr, beta=b, max_grad_norm=cfg.clip_norm,
-                           batch_size=cfg.dig_batch, public_batch_size=cfg.dig_batch,
-                           clip_public=mode in ("semi_dp", "non_private"), generator=g, **kw)
+        with warnings.catch_warnings():  # seeded on purpose: the experiment must be reproducible
+            warnings.simplefilter("ignore", ReproducibleNoiseWarning)
+            tr = train_semi_dp(model, _ce, mode="public_only" if mode == "non_private" else mode,  # type: ignore
+                               epsilon=eps, delta=cfg.delta,
+                               steps=cfg.dig_steps, lr=lr, beta=b, max_grad_norm=cfg.clip_norm,
+                               batch_size=cfg.dig_batch, public_batch_size=cfg.dig_batch,
+                               clip_public=mode in ("semi_dp", "non_private"), generator=g, **kw)
         if tr.epsilon is not None:
             spent[(mode, eps)] = max(spent.get((mode, eps), 0.0), tr.epsilon)
         return acc(model, x[iv], y[iv]), acc(model, x_te, y_te)

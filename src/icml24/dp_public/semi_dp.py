@@ -12,8 +12,11 @@ One step mixes a DP-SGD gradient of a Poisson-sampled private batch with a publi
 Only the private batches touch the privacy accountant (Opacus RDP/PRV accountant, extra ``dp``).
 Per-sample gradients come from ``torch.func`` (vmap of grad).
 
-Neighbouring relation: add/remove one private record (Poisson subsampling, as Opacus accounts it); the mean
-estimators of :mod:`icml24.dp_public.mean_estimation` use replace-one instead. No exception depends on a
+Neighbouring relation: add/remove one private record by default (Poisson subsampling, as Opacus accounts it;
+the clipped sum's sensitivity is C and it is divided by a declared public constant b, never by the realised or
+the data set's size, which are private under add/remove); ``neighbouring="replace_one"`` (full batch only,
+q = 1, where n is public) calibrates the noise to the sensitivity 2C. The mean estimators of
+:mod:`icml24.dp_public.mean_estimation` use replace-one. No exception depends on a
 private value: non-finite private inputs/targets are set to 0 and a private per-sample gradient with a
 non-finite entry is replaced by the zero gradient (both fixed rules applied to every record), so the
 clipped contribution of each record still has norm <= C.
@@ -22,6 +25,7 @@ clipped contribution of each record still has norm <= C.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -37,6 +41,8 @@ __all__ = [
     "clip_and_sum",
     "sanitize_grad_samples",
     "SemiDPSGD",
+    "ReproducibleNoiseWarning",
+    "OpacusWrappingError",
     "make_public_only_sgd",
     "make_dp_sgd",
     "noise_multiplier_for",
@@ -48,6 +54,7 @@ __all__ = [
 ]
 
 AccountantName = Literal["rdp", "prv"]
+Neighbouring = Literal["add_remove", "replace_one"]
 _CLIP_EPS = 1e-6  # same stabiliser as Opacus' DPOptimizer.clip_and_accumulate
 
 
@@ -60,6 +67,36 @@ def _import_opacus():
         raise ImportError("dp_public: privacy accounting needs Opacus; install it with "
                           "`pip install icml24[dp]`") from e
     return create_accountant, get_noise_multiplier
+
+
+class ReproducibleNoiseWarning(UserWarning):
+    """The privacy noise is drawn from a caller-supplied ``torch.Generator``: anyone who knows its seed (or its
+    state) can recompute the noise and subtract it, so the release is not private. Pass ``generator=None`` (the
+    global generator, which is seeded from OS entropy unless the program seeds it) or a secretly seeded
+    generator for a real release; a fixed seed is for experiments and tests only. Same pattern as
+    :class:`icml24.private_density.ReproducibleNoiseWarning`."""
+
+
+class OpacusWrappingError(ValueError):
+    """A :class:`SemiDPSGD` was wrapped in an Opacus ``DPOptimizer`` (e.g. ``PrivacyEngine().make_private(...,
+    optimizer=SemiDPSGD(...))``), which would clip and noise the private gradients a second time and charge a
+    second accountant."""
+
+
+_OPACUS_WRAPPED = ("SemiDPSGD.step: this optimizer is wrapped in an Opacus DPOptimizer (e.g. by "
+                   "PrivacyEngine().make_private(..., optimizer=SemiDPSGD(...))), which clips and noises the private "
+                   "gradients a second time and charges its own accountant, so neither epsilon would describe the "
+                   "run. SemiDPSGD does its own clipping, noise and accounting: wrap only the model, "
+                   "opacus.GradSampleModule(model, loss_reduction='mean'), and call opt.capture_public() after the "
+                   "public backward pass and opt.step() after the private one (see the dp_public README)")
+
+
+def _warn_reproducible(owner: str, generator: object, noise_multiplier: float, stacklevel: int = 3) -> None:
+    if generator is not None and noise_multiplier > 0:
+        warnings.warn(f"{owner}: the privacy noise is drawn from a caller-supplied torch.Generator, so anyone who "
+                      "knows its seed or state can recompute it and the release is not private; use "
+                      "generator=None (or a secretly seeded generator) for a real release",
+                      ReproducibleNoiseWarning, stacklevel=stacklevel)
 
 
 def _check_accountant(where: str, accountant: object, *, allow_none: bool = False) -> None:
@@ -170,7 +207,8 @@ class SemiDPSGD(torch.optim.Optimizer):
         beta: β in [0, 1], weight of the private gradient (1 = DP-SGD step, 0 = public step).
         noise_multiplier: σ >= 0 (noise std σ C on the clipped sum).
         max_grad_norm: C > 0, per-sample clipping norm.
-        expected_batch_size: b >= 1, the private sum is divided by b (Opacus ``loss_reduction="mean"``).
+        expected_batch_size: b >= 1, a public constant: the private sum is divided by b (Opacus
+            ``loss_reduction="mean"``), whatever the realised batch size (which is private).
         sample_rate: q in (0, 1], Poisson sampling rate of the private batches (for the accountant).
         clip_public: clip public per-sample gradients to C too (official code: yes).
         momentum: heavy-ball momentum in [0, 1) applied to the mixed gradient.
@@ -179,12 +217,22 @@ class SemiDPSGD(torch.optim.Optimizer):
             ``"gdp"`` is refused with a ``ValueError``: Gaussian-DP accounting is a central-limit approximation
             that can under-estimate ε (Opacus warns the same), so it cannot back an (ε, δ) guarantee.
         generator: torch generator for the noise (on the parameters' device); ``None`` uses the global one.
+            A generator (with σ > 0) raises a :class:`ReproducibleNoiseWarning`: its seed reproduces the noise.
+            Its state is saved by :meth:`state_dict`, so a resumed run continues the noise stream instead of
+            replaying it.
+        neighbouring: ``"add_remove"`` (default; the clipped sum has L2 sensitivity C, noise std σC) or
+            ``"replace_one"`` (sensitivity 2C, noise std 2σC; only with ``sample_rate=1``, i.e. full batches of
+            a data set whose size is public: the Opacus accountants' Poisson subsampling is add/remove).
+
+    Raises:
+        OpacusWrappingError: from :meth:`step`, when the optimizer runs inside an Opacus ``DPOptimizer``.
     """
 
     def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict], *, lr: float, beta: float,
                  noise_multiplier: float, max_grad_norm: float, expected_batch_size: int, sample_rate: float,
                  clip_public: bool = True, momentum: float = 0.0, weight_decay: float = 0.0,
-                 accountant: AccountantName | None = "rdp", generator: torch.Generator | None = None) -> None:
+                 accountant: AccountantName | None = "rdp", generator: torch.Generator | None = None,
+                 neighbouring: Neighbouring = "add_remove") -> None:
         w = "SemiDPSGD"
         v.positive(w, "lr", lr)
         v.probability(w, "beta", beta)
@@ -195,6 +243,13 @@ class SemiDPSGD(torch.optim.Optimizer):
         v.in_range(w, "momentum", momentum, 0.0, 1.0, high_open=True)
         v.non_negative(w, "weight_decay", weight_decay)
         _check_accountant(w, accountant, allow_none=True)
+        v.one_of(w, "neighbouring", neighbouring, ("add_remove", "replace_one"))
+        if neighbouring == "replace_one" and sample_rate != 1.0:
+            raise ValueError(f"{w}: neighbouring='replace_one' needs sample_rate=1 (full batches), got {sample_rate}: "
+                             "the Opacus accountants' Poisson subsampling is analysed under add/remove neighbours")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"{w}: generator must be a torch.Generator or None, got {type(generator).__name__}")
+        _warn_reproducible(w, generator, noise_multiplier)
         super().__init__(params, {"lr": float(lr), "momentum": float(momentum),
                                   "weight_decay": float(weight_decay)})
         self.beta = float(beta)
@@ -204,6 +259,9 @@ class SemiDPSGD(torch.optim.Optimizer):
         self.sample_rate = float(sample_rate)
         self.clip_public = bool(clip_public)
         self.generator = generator
+        self.neighbouring = neighbouring
+        # L2 sensitivity of the clipped sum: C under add/remove, 2C under replace-one (x_i -> x_i')
+        self.sensitivity = self.max_grad_norm * (2.0 if neighbouring == "replace_one" else 1.0)
         self.private_steps = 0
         self.accountant = None
         if accountant is not None:
@@ -230,15 +288,16 @@ class SemiDPSGD(torch.optim.Optimizer):
         return b
 
     def private_gradient(self, private_grad_samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """g_priv = (Σ clip_C(s(g_i)) + N(0, σ² C² I)) / b: clip, noise (one draw per parameter, in order), scale.
+        """g_priv = (Σ clip_C(s(g_i)) + N(0, σ² Δ² I)) / b: clip, noise (one draw per parameter, in order), scale.
 
         s(g_i) is the fixed rule applied to every private sample: g_i itself when all its entries (across all
         parameters) are finite, the zero gradient otherwise. A record's contribution has norm <= C either way,
-        so the add/remove sensitivity C of the clipped sum holds for any private data.
+        so the sensitivity Δ of the clipped sum (C add/remove, 2C replace-one) holds for any private data. b is
+        the public ``expected_batch_size``, never the realised batch size (Opacus #420).
         """
         private_grad_samples = sanitize_grad_samples(private_grad_samples)
         summed = clip_and_sum(private_grad_samples, max_grad_norm=self.max_grad_norm)
-        std = self.noise_multiplier * self.max_grad_norm
+        std = self.noise_multiplier * self.sensitivity
         out = []
         for s in summed:
             if std > 0:
@@ -272,6 +331,10 @@ class SemiDPSGD(torch.optim.Optimizer):
         """
         if closure is not None:
             raise TypeError("SemiDPSGD.step: closures are not supported; pass per-sample gradients")
+        # inside an Opacus DPOptimizer.step, clip_and_accumulate has just set p.summed_grad (a structural fact of
+        # the wrapping, not a property of any record): refuse before any state changes
+        if any(isinstance(getattr(p, "summed_grad", None), torch.Tensor) for p in self.params):
+            raise OpacusWrappingError(_OPACUS_WRAPPED)
         from_module = private_grad_samples is None and public_grad_samples is None
         if from_module:
             private_grad_samples = self._read_grad_samples()
@@ -360,18 +423,27 @@ class SemiDPSGD(torch.optim.Optimizer):
         return float(self.accountant.get_epsilon(delta=delta))
 
     def state_dict(self) -> dict:
-        """The optimizer state plus the privacy spend: the private step count and the accountant's history.
+        """The optimizer state plus the privacy spend: the private step count, the accountant's history and the
+        noise generator's state.
 
-        A resumed run that loads this reports the ε of the whole run, as Opacus checkpoints do; without it a
-        resumed optimizer would restart its accounting at ε = 0.
+        A resumed run that loads this reports the ε of the whole run, as Opacus checkpoints do (without it a
+        resumed optimizer would restart its accounting at ε = 0), and continues the noise stream where it
+        stopped (without it a re-created seeded generator would replay the pre-checkpoint noise, and two
+        steps with the same noise are not independent Gaussian mechanisms).
         """
         state = super().state_dict()
         state["privacy"] = {"private_steps": self.private_steps,
-                            "accountant": None if self.accountant is None else self.accountant.state_dict()}
+                            "accountant": None if self.accountant is None else self.accountant.state_dict(),
+                            "generator": None if self.generator is None else self.generator.get_state()}
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load :meth:`state_dict`; refuses a state without the privacy spend or from another accountant."""
+        """Load :meth:`state_dict`; refuses a state without the privacy spend or from another accountant.
+
+        The saved generator state is loaded into this optimizer's generator (when both exist). A state saved
+        without one (an older checkpoint) is refused when this optimizer has a generator: its noise would start
+        again from the generator's seed and replay the noise of the first steps.
+        """
         state = dict(state_dict)
         privacy = state.pop("privacy", None)
         if privacy is None:
@@ -384,10 +456,18 @@ class SemiDPSGD(torch.optim.Optimizer):
         if acc is not None and acc.get("mechanism") != self.accountant.mechanism():
             raise ValueError(f"SemiDPSGD.load_state_dict: saved accountant {acc.get('mechanism')!r} != this "
                              f"optimizer's {self.accountant.mechanism()!r}")
+        if self.generator is not None and "generator" not in privacy:
+            raise ValueError("SemiDPSGD.load_state_dict: the state has no generator state (a checkpoint from an "
+                             "older version); this optimizer's generator would replay the noise of the steps "
+                             "before the checkpoint; load it into an optimizer built with generator=None and assign a "
+                             "freshly (secretly) seeded generator afterwards")
+        gen_state = privacy.get("generator")
         super().load_state_dict(state)
         self.private_steps = int(privacy["private_steps"])
         if acc is not None:
             self.accountant.load_state_dict(acc)
+        if gen_state is not None and self.generator is not None:
+            self.generator.set_state(gen_state)
 
 
 def make_public_only_sgd(params: Iterable[torch.Tensor], *, lr: float, clip_norm: float | None = None,
@@ -404,8 +484,8 @@ def make_public_only_sgd(params: Iterable[torch.Tensor], *, lr: float, clip_norm
 
 def make_dp_sgd(params: Iterable[torch.Tensor], *, lr: float, noise_multiplier: float, max_grad_norm: float,
                 expected_batch_size: int, sample_rate: float, momentum: float = 0.0,
-                accountant: AccountantName | None = "rdp",
-                generator: torch.Generator | None = None) -> SemiDPSGD:
+                accountant: AccountantName | None = "rdp", generator: torch.Generator | None = None,
+                neighbouring: Neighbouring = "add_remove") -> SemiDPSGD:
     """DP-SGD (β = 1). Call ``step`` with ``private_grad_samples`` only; for the baseline "treat public as
     private" draw the Poisson batches from the union of public and private data.
 
@@ -413,14 +493,20 @@ def make_dp_sgd(params: Iterable[torch.Tensor], *, lr: float, noise_multiplier: 
     """
     return SemiDPSGD(params, lr=lr, beta=1.0, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
                      expected_batch_size=expected_batch_size, sample_rate=sample_rate, momentum=momentum,
-                     accountant=accountant, generator=generator)
+                     accountant=accountant, generator=generator, neighbouring=neighbouring)
 
 
 # -------------------------------------------------------------------------------------------- accounting
 def noise_multiplier_for(*, target_epsilon: float, target_delta: float, sample_rate: float, steps: int,
                          accountant: AccountantName = "rdp", epsilon_tolerance: float = 0.01) -> float:
     """Smallest σ (Opacus ``get_noise_multiplier``) with ε(σ, q, T, δ) <= target ε; re-checked afterwards
-    (Opacus issues #346/#348: the binary search must not overshoot)."""
+    (Opacus issues #346/#348: the binary search must not overshoot).
+
+    Raises:
+        ValueError: the target is below what the accountant can certify at any σ; for ``"rdp"`` (whose
+            conversion to (ε, δ) has a floor set by its largest Rényi order, about 0.1 at δ = 1e-5) the error
+            names ``accountant="prv"``, which reaches smaller ε.
+    """
     where = "noise_multiplier_for"
     v.privacy_budget(where, target_epsilon, target_delta, epsilon_name="target_epsilon",
                      delta_name="target_delta")
@@ -434,9 +520,19 @@ def noise_multiplier_for(*, target_epsilon: float, target_delta: float, sample_r
 def _noise_multiplier_cached(target_epsilon: float, target_delta: float, sample_rate: float, steps: int,
                              accountant: str, epsilon_tolerance: float) -> float:
     _, get_noise_multiplier = _import_opacus()
-    sigma = float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
-                                       sample_rate=sample_rate, steps=steps, accountant=accountant,
-                                       epsilon_tolerance=epsilon_tolerance))
+    try:
+        sigma = float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
+                                           sample_rate=sample_rate, steps=steps, accountant=accountant,
+                                           epsilon_tolerance=epsilon_tolerance))
+    except ValueError as e:
+        if "too low" not in str(e):
+            raise
+        hint = ('; the RDP accountant\'s conversion to (epsilon, delta) has a floor set by its largest Renyi order: '
+                'use accountant="prv", which reaches smaller epsilon' if accountant == "rdp"
+                else "; raise target_epsilon, target_delta or lower sample_rate or steps")
+        raise ValueError(f"noise_multiplier_for: target_epsilon={target_epsilon} cannot be reached by the "
+                         f"{accountant!r} accountant at any noise multiplier (delta={target_delta}, "
+                         f"sample_rate={sample_rate}, steps={steps}){hint}") from e
     while epsilon_for(noise_multiplier=sigma, sample_rate=sample_rate, steps=steps, delta=target_delta,
                       accountant=accountant) > target_epsilon:
         sigma *= 1.01
@@ -502,7 +598,8 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
                   mode: Literal["semi_dp", "public_only", "dp_sgd_all"], x_priv: torch.Tensor,
                   y_priv: torch.Tensor, x_pub: torch.Tensor, y_pub: torch.Tensor, epsilon: float, delta: float,
                   steps: int, lr: float, beta: float = 0.5, max_grad_norm: float = 1.0,
-                  batch_size: int | None = None, public_batch_size: int | None = None,
+                  batch_size: int | None = None, expected_batch_size: int | None = None,
+                  neighbouring: Neighbouring = "add_remove", public_batch_size: int | None = None,
                   clip_public: bool = True, momentum: float = 0.0, accountant: AccountantName = "rdp",
                   generator: torch.Generator | None = None) -> TrainResult:
     """Train ``model`` in place with semi-DP SGD or one of its two baselines, at a target (ε, δ).
@@ -512,9 +609,19 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
     data: the public data treated as private). σ is calibrated with :func:`noise_multiplier_for` for
     (ε, δ, q = b/n, T = ``steps``).
 
-    Privacy: ``semi_dp`` and ``dp_sgd_all`` are (ε, δ)-DP w.r.t. the private data (semi-DP, add/remove
-    neighbours) under the preconditions of :class:`SemiDPSGD` (per-example losses, Poisson sampling, fixed
-    σ, C, q); ``public_only`` does not touch it. Hyper-parameter selection on data is not accounted for.
+    Batches and normalisation: with ``batch_size=b`` each step draws a Poisson batch with q = b/n from the n
+    rows the noisy batch comes from (n_priv, or n_priv + n_pub for ``dp_sgd_all``; q computed from n as
+    Opacus' ``DPDataLoader`` does) and divides the noisy sum by b. Full batch (``batch_size=None``, q = 1)
+    depends on ``neighbouring``: under ``"add_remove"`` (default) the data set's size is private, so dividing
+    by len(x_priv) would release it (Opacus #571/#819): declare a public ``expected_batch_size`` (e.g. the
+    planned size of the data set) and the sum is divided by it; without one full batch is refused. Under
+    ``"replace_one"`` (full batch only) n is public, the sum is divided by ``expected_batch_size`` or n, and
+    the noise is calibrated to the replace-one sensitivity 2C (std 2σC).
+
+    Privacy: ``semi_dp`` and ``dp_sgd_all`` are (ε, δ)-DP w.r.t. the private data (semi-DP, for the declared
+    ``neighbouring`` relation) under the preconditions of :class:`SemiDPSGD` (per-example losses, Poisson
+    sampling or full batches, fixed σ, C, q); ``public_only`` does not touch it. A ``generator`` raises a
+    :class:`ReproducibleNoiseWarning` (for experiments only). Hyper-parameter selection on data is not accounted for.
     Private values never raise: non-finite entries of floating ``x_priv``/``y_priv`` are set to 0 (a fixed
     rule on every entry) and non-finite private per-sample gradients to 0 (:func:`sanitize_grad_samples`);
     public data with NaN/inf is refused.
@@ -530,7 +637,10 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
         lr: η > 0.
         beta: β in [0, 1] (``semi_dp`` only).
         max_grad_norm: C > 0.
-        batch_size: expected private batch size b (``None``: full batch, q = 1).
+        batch_size: expected private batch size b of Poisson batches (``None``: full batch, q = 1).
+        expected_batch_size: the public normaliser b of full batches (required for full batch under
+            add/remove; with ``batch_size`` it must equal it or be ``None``).
+        neighbouring: ``"add_remove"`` or ``"replace_one"`` (full batch only); see above.
         public_batch_size: public batch size (``None``: all public data).
         clip_public: clip public per-sample gradients to C.
         momentum, accountant, generator: passed to :class:`SemiDPSGD`; ``generator`` drives sampling and noise.
@@ -556,6 +666,22 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
         raise ValueError(f"{where}: public and private data must be non-empty")
     if public_batch_size is not None:
         v.integer(where, "public_batch_size", public_batch_size, minimum=1)
+    v.one_of(where, "neighbouring", neighbouring, ("add_remove", "replace_one"))
+    if expected_batch_size is not None:
+        v.integer(where, "expected_batch_size", expected_batch_size, minimum=1)
+    if batch_size is not None:
+        v.integer(where, "batch_size", batch_size, minimum=1)
+        if neighbouring == "replace_one":
+            raise ValueError(f"{where}: neighbouring='replace_one' is for full batches only (batch_size=None): the "
+                             "Opacus accountants' Poisson subsampling is analysed under add/remove neighbours")
+        if expected_batch_size is not None and expected_batch_size != batch_size:
+            raise ValueError(f"{where}: expected_batch_size ({expected_batch_size}) must equal batch_size "
+                             f"({batch_size}) or be None: Poisson batches are divided by batch_size")
+    elif neighbouring == "add_remove" and expected_batch_size is None and mode != "public_only":
+        raise ValueError(f"{where}: full batch (batch_size=None) under neighbouring='add_remove' needs a public "
+                         "expected_batch_size: the private data set's size is private under add/remove, and "
+                         "dividing by len(x_priv) would release it (Opacus #571); declare expected_batch_size, "
+                         "or use neighbouring='replace_one' if the size is public (sensitivity 2C)")
     # private data: a fixed rule on every entry instead of an exception (non-finite -> 0)
     x_priv, y_priv = (torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) if t.is_floating_point() else t
                       for t in (x_priv, y_priv))
@@ -568,10 +694,13 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
     else:
         xp, yp = x_priv, y_priv
     n = len(xp)
-    b = n if batch_size is None else int(batch_size)
-    if not 1 <= b <= n:
-        raise ValueError(f"{where}: batch_size must be in [1, {n}], got {batch_size}")
-    q = b / n
+    if batch_size is None:  # full batch: divide by the declared public constant (or n when n is public)
+        b, q = (n if expected_batch_size is None else int(expected_batch_size)), 1.0
+    else:
+        b = int(batch_size)
+        if b > n:
+            raise ValueError(f"{where}: batch_size must be in [1, {n}], got {batch_size}")
+        q = b / n
     sigma = 0.0
     if mode == "public_only":
         opt = make_public_only_sgd(params, lr=lr, clip_norm=max_grad_norm if clip_public else None,
@@ -579,9 +708,13 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
     else:
         sigma = noise_multiplier_for(target_epsilon=epsilon, target_delta=delta, sample_rate=q, steps=steps,
                                      accountant=accountant)
-        opt = SemiDPSGD(params, lr=lr, beta=beta if mode == "semi_dp" else 1.0, noise_multiplier=sigma,
-                        max_grad_norm=max_grad_norm, expected_batch_size=b, sample_rate=q,
-                        clip_public=clip_public, momentum=momentum, accountant=accountant, generator=generator)
+        _warn_reproducible(where, generator, sigma)
+        with warnings.catch_warnings():  # warned once, here, at the caller's line
+            warnings.simplefilter("ignore", ReproducibleNoiseWarning)
+            opt = SemiDPSGD(params, lr=lr, beta=beta if mode == "semi_dp" else 1.0, noise_multiplier=sigma,
+                            max_grad_norm=max_grad_norm, expected_batch_size=b, sample_rate=q,
+                            clip_public=clip_public, momentum=momentum, accountant=accountant,
+                            generator=generator, neighbouring=neighbouring)
     dev = x_priv.device
     for _ in range(steps):
         xs, ys = [], []
