@@ -14,7 +14,9 @@ from icml24.dplm import (
     StructureGuidance,
     build_esm,
     encode,
+    generate,
     reparam_decode,
+    residue_features,
     train_structure_head,
 )
 from icml24.dplm.guidance import onehot_features
@@ -165,3 +167,28 @@ def test_a_network_without_esm_embeddings_is_refused():
     # the package's own backbone is accepted
     StructureGuidance(build_esm(hidden=16, layers=1, heads=2, max_length=16), torch.nn.Linear(16, 3), target=0,
                       scale=1.0)
+
+
+@pytest.mark.parametrize("name", ["build_esm", "rotary+token_dropout"])
+def test_guidance_toward_a_target_raises_its_score_over_unguided_sampling(name):
+    """Direction, under shared noise: the head's mean log p(target | sample) is higher for samples guided toward
+    the target (η = 3) than for unguided samples from the same generator seed (measured +0.2..+0.5 nats; a
+    flipped sign gives −0.2..−0.8)."""
+    if name == "build_esm":
+        torch.manual_seed(0)
+        net = build_esm(hidden=16, layers=1, heads=2, max_length=16, dropout=0.0).eval()
+    else:
+        net = esm(**CONFIGS[name])
+    torch.manual_seed(1)
+    head = torch.nn.Linear(16, 3)
+
+    def target_score(x, c):
+        with torch.no_grad():
+            return float(torch.log_softmax(head(residue_features(net, x)), -1)[..., c].mean())
+
+    kw = dict(length=12, num_samples=16, max_iter=12)
+    unguided = generate(net, generator=torch.Generator().manual_seed(0), **kw)
+    for c in (0, 2):
+        guided = generate(net, guidance=StructureGuidance(net, head, target=c, scale=3.0),
+                          generator=torch.Generator().manual_seed(0), **kw)
+        assert target_score(guided, c) - target_score(unguided, c) > 0.1, c

@@ -157,3 +157,23 @@ def test_a_redrawn_position_takes_the_redraws_confidence():
     # the two-way nucleus: the winner's log-softmax lies in [log 1/2, 0]
     assert (new_score[gen] >= torch.log(torch.tensor(0.5)) - 1e-6).all() and (new_score[gen] <= 0).all()
     assert (new_score[~gen] == -123.0).all()
+
+
+def test_decoded_tokens_are_kept_until_re_masked(monkeypatch):
+    """Official "uncond" step: a decoded position outside the k_s lowest keeps its token (its fresh candidate
+    only ranks it); it changes only by being re-masked and decoded again. Uniform logits make every fresh
+    candidate differ from the kept token with probability 19/20, so a redraw-every-step bug shows at once."""
+    from icml24.dplm.tokens import AMINO_ACIDS
+
+    seen = inputs_per_step(monkeypatch)
+    t = table(16, {j: dict.fromkeys(AMINO_ACIDS, 0.0) for j in range(1, 17)})
+    x = reparam_decode(Fixed(t), masked_init(4, 16), max_iter=8, resample_ratio=None,
+                       generator=torch.Generator().manual_seed(0))
+    states = [*seen, x]
+    kept = 0
+    for a, b in zip(states, states[1:], strict=False):
+        both = (a != MASK) & (b != MASK)
+        both[:, 0] = both[:, -1] = False
+        assert torch.equal(a[both], b[both])
+        kept += int(both.sum())
+    assert kept >= 100  # the check is not vacuous: many (position, step) pairs stay decoded
