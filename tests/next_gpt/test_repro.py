@@ -1,4 +1,6 @@
-"""Quick reproduction of next_gpt (one modality, frozen parts from the cached quick fixture, built on first use)."""
+"""Quick reproduction of next_gpt (one modality, frozen parts from the cached quick fixture, built on first use),
+and, in the default suite, the same pipeline end to end on a reduced quick config (frozen parts built from scratch
+in a temporary cache; ~20 s on 2 cores): the results file, not the claims' direction."""
 
 from __future__ import annotations
 
@@ -8,9 +10,49 @@ from pathlib import Path
 
 import pytest
 
-from icml24.next_gpt.experiment import CLAIMS_OF_ARM, Config, run
+from icml24.next_gpt.experiment import CLAIM_IMPLICIT, CLAIM_SELECTION, CLAIMS_OF_ARM, Config, run
 
 CHECKER = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
+
+
+# Config.quick() shrunk until the whole run (frozen parts included) fits the default suite; every stage, arm, tuning
+# grid, check and artefact is still there, only too small to train anything.
+REDUCED = dict(llm_steps=20, encoder_steps=5, decoder_steps=5, decoder_channels=8, decoder_batch=8, oracle_steps=5,
+               llm_hidden=32, projector_hidden=16, stage1_steps=4, stage2_steps=4, stage3_steps=4, batch=4, n_eval=2,
+               n_dialogues=1, ddim_steps=2)
+ARMS = {"signal", "pipeline", "stage2_icl", "stage2_icl_redraw", "stage1_icl", "untrained_proj", "gold", "stage1",
+        "stage2"}
+
+
+def test_reduced_quick_run_end_to_end_writes_a_schema_3_result_the_checker_accepts(tmp_path):
+    cfg = Config.quick().replace(cache_dir=str(tmp_path / "cache"), **REDUCED)
+    res = run(cfg, tmp_path / "out")
+    d = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert d["schema_version"] == 3 and d["slug"] == "next_gpt" and d["mode"] == "quick"
+    assert d["seeds"] == [0, 1] and d["config"]["stage3_steps"] == 4 and len(d["per_seed"]) == 2
+    assert set(d["summary"]) == ARMS and all(set(r["metrics"]) == ARMS for r in d["per_seed"])
+    kinds = [c["kind"] for c in d["claim_checks"]]
+    assert kinds.count("claim") == 2 and kinds.count("mechanism") == 1 and kinds.count("sanity") == 9
+    claims = {c["name"]: c for c in d["claim_checks"] if c["kind"] == "claim"}
+    assert set(claims) == {CLAIM_IMPLICIT, CLAIM_SELECTION}
+    for c in claims.values():  # a claim is the mean paired difference over the seeds, inside its interval
+        diffs = [r["metrics"][c["method_arm"]][c["metric"]] - r["metrics"][c["baseline_arm"]][c["metric"]]
+                 for r in d["per_seed"]]
+        assert c["n"] == 2 and c["measured"] == pytest.approx(sum(diffs) / 2)
+        assert c["ci_low"] <= c["measured"] <= c["ci_high"]
+    assert d["verdict"]["claims_total"] + d["verdict"]["claims_void"] == 2
+    assert res.extra["frozen_hashes_identical"] == [1.0, 1.0]  # the frozen parts stayed frozen in every arm
+    assert {"claims.png", "gallery_image.png", "stage_curves.png"} <= set(d["artifacts"])
+    assert all((tmp_path / "out" / a).stat().st_size > 1000 for a in d["artifacts"])
+    if CHECKER.exists():
+        assert _checker().check(str(tmp_path / "out" / "results.json")) is None
+
+
+def _checker():
+    spec = importlib.util.spec_from_file_location("check_results", CHECKER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +102,5 @@ def test_checks_are_labelled_paired_and_tuned_on_validation(quick):
 @pytest.mark.skipif(not CHECKER.exists(), reason="the shared checker is not beside this checkout")
 def test_the_shared_checker_accepts_the_quick_result(quick):
     _, out = quick
-    spec = importlib.util.spec_from_file_location("check_results", CHECKER)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     d = json.loads((out / "results.json").read_text())
-    assert d["schema_version"] == 3 and mod.check(str(out / "results.json")) is None
+    assert d["schema_version"] == 3 and _checker().check(str(out / "results.json")) is None
