@@ -20,7 +20,6 @@ import hashlib
 import json
 import math
 import shutil
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from icml24.common.config import ExperimentConfig, help_text
 from icml24.common.parallel import run_jobs
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.results import ClaimCheck, Kind, RunRecorder, RunResult, paired_check
+from icml24.common.rl_stats import iqm_with_ci
 from icml24.common.seeding import seed_everything
 from icml24.common.tuning import Tuned, tune_grid, tuning_check
 
@@ -212,19 +212,8 @@ def _run_all(cfg: Config, cache: Path, jobs: list[tuple[str, dict[str, Any]]], d
 
 
 def _iqm(final: dict[str, list[float]], reps: int) -> dict[str, dict[str, float]]:
-    """rliable IQM of the per-seed scores with stratified-bootstrap 95% CIs."""
-    try:
-        from rliable import library as rly
-        from rliable import metrics
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError("alh: IQM needs rliable; install the extra: pip install 'icml24[rl]'") from e
-    scores = {arm: np.asarray(v, float)[:, None] for arm, v in final.items()}
-    with warnings.catch_warnings():  # arch's FutureWarning about RandomState, raised inside rliable
-        warnings.simplefilter("ignore", FutureWarning)
-        point, ci = rly.get_interval_estimates(scores, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps,
-                                               random_state=np.random.RandomState(0))
-    return {arm: {"iqm": float(point[arm][0]), "ci_low": float(ci[arm][0, 0]), "ci_high": float(ci[arm][1, 0])}
-            for arm in scores}
+    """rliable IQM of the per-seed scores (one task) with stratified-bootstrap 95% CIs (``common.rl_stats``)."""
+    return {arm: e.as_dict() for arm, e in iqm_with_ci(final, reps=reps, seed=0).items()}
 
 
 def _curve_plot(ax: Any, curves: dict[str, list[dict[str, Any]]], title: str) -> None:

@@ -32,6 +32,7 @@ from icml24.common.config import ExperimentConfig, help_text
 from icml24.common.plotting import new_figure, plt, save_figure
 from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, paired_check
+from icml24.common.rl_stats import iqm_with_ci
 from icml24.common.tuning import Tuned, tune_grid, tuning_check
 
 SLUG = "bayes_mcts"
@@ -151,17 +152,8 @@ def tuning_record(t: Tuned) -> dict[str, Any]:
 
 
 def _iqm(scores: dict[str, np.ndarray], reps: int) -> dict[str, dict[str, float]]:
-    """rliable IQM with stratified-bootstrap 95% CIs; ``scores[arm]`` is (runs × tasks)."""
-    from rliable import library as rly
-    from rliable import metrics
-
-    state = np.random.get_state()
-    np.random.seed(0)
-    try:
-        pe, ci = rly.get_interval_estimates(scores, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps)
-    finally:
-        np.random.set_state(state)
-    return {a: {"iqm": float(pe[a][0]), "ci_low": float(ci[a][0, 0]), "ci_high": float(ci[a][1, 0])} for a in pe}
+    """rliable IQM with stratified-bootstrap 95% CIs (``common.rl_stats``); ``scores[arm]`` is (runs × tasks)."""
+    return {a: e.as_dict() for a, e in iqm_with_ci(scores, reps=reps, seed=0).items()}
 
 
 # ---------------------------------------------------------------------------------------------- run

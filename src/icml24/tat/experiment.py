@@ -29,6 +29,7 @@ from icml24.common.config import ExperimentConfig, help_text
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, paired_check
+from icml24.common.rl_stats import iqm_with_ci
 from icml24.common.seeding import seed_everything, torch_generator
 from icml24.tat.diffuser import GaussianDiffusion, LimitsNormalizer, MLPDenoiser, TemporalUnet, train_diffuser
 from icml24.tat.maze import MAZE_NAMES, Maze, PointMaze2D, collect_dataset, expert_return, plan_infeasible
@@ -223,14 +224,8 @@ def evaluate_maze(cfg: Config, planner: DiffuserPlanner, *, seed: int, keep_exam
 
 
 def _iqm(scores: dict[str, np.ndarray], reps: int) -> dict[str, dict[str, float]]:
-    """rliable IQM with stratified-bootstrap 95% CIs; ``scores[arm]`` is (episodes × mazes)."""
-    try:
-        from rliable import library as rly
-        from rliable import metrics
-    except ImportError as e:  # pragma: no cover
-        raise ImportError("tat: the IQM needs rliable; install the 'rl' extra: pip install 'icml24[rl]'") from e
-    pe, ci = rly.get_interval_estimates(scores, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps)
-    return {a: {"iqm": float(pe[a][0]), "ci_low": float(ci[a][0, 0]), "ci_high": float(ci[a][1, 0])} for a in pe}
+    """rliable IQM with stratified-bootstrap 95% CIs (``common.rl_stats``); ``scores[arm]`` is (episodes × mazes)."""
+    return {a: e.as_dict() for a, e in iqm_with_ci(scores, reps=reps, seed=0).items()}
 
 
 # ---------------------------------------------------------------------------------------------- run
