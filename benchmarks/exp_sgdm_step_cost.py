@@ -3,13 +3,17 @@
 The optimizer step alone (no forward/backward) on ``--tensors`` parameters of ``--size``×``--size`` with fixed
 gradients, SGD with momentum 0.9 (``torch.utils.benchmark``, median over repeats; arms interleaved in rounds so
 that load on a shared machine hits them alike). The goal: RandomScaling(SGD) <= 1.2× plain SGD.
+``--clock cpu`` (default on CPU) times with the thread's CPU time (``time.thread_time``), which a loaded shared
+machine's descheduling does not inflate; ``--clock wall`` uses wall-clock time (always on CUDA).
 
-    python benchmarks/exp_sgdm_step_cost.py [--tensors 300] [--size 64] [--device cpu] [--rounds 3]
+    python benchmarks/exp_sgdm_step_cost.py [--tensors 300] [--size 64] [--device cpu] [--rounds 3] [--clock cpu]
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+import timeit
 
 import torch
 from torch.utils import benchmark
@@ -45,7 +49,9 @@ def main() -> None:
     ap.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per arm and round")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     a = ap.parse_args()
+    clock = time.thread_time if a.clock == "cpu" and a.device == "cpu" else timeit.default_timer
     torch.set_num_threads(a.threads)
     steps = {}
     for name, make in ARMS.items():
@@ -55,11 +61,13 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in ARMS}
     for _ in range(a.rounds):
         for name, step in steps.items():
-            m = benchmark.Timer(stmt="step()", globals={"step": step}, num_threads=a.threads).blocked_autorange(
+            m = benchmark.Timer(stmt="step()", globals={"step": step}, num_threads=a.threads,
+                                timer=clock).blocked_autorange(
                 min_run_time=a.min_run_time)
             times[name].append(m.median)
     base = min(times["torch.optim.SGD(foreach=True)"])
-    print(f"{a.tensors} tensors of {a.size}x{a.size}, {a.device}, {a.threads} thread(s); best of {a.rounds} rounds")
+    print(f"{a.tensors} tensors of {a.size}x{a.size}, {a.device}, {a.threads} thread(s); best of {a.rounds} rounds; "
+          f"{'thread CPU' if clock is time.thread_time else 'wall-clock'} time")
     print("| arm | ms/step | × SGD(foreach) |")
     print("|---|---|---|")
     for name, ts in times.items():

@@ -13,7 +13,14 @@ import pytest
 
 from icml24.common.data import load_mnist1d
 from icml24.common.results import ClaimCheck, verdict
-from icml24.exp_sgdm.experiment import Config, identity_p_value, run, train_mlp
+from icml24.exp_sgdm.experiment import (
+    Config,
+    _largest_stable,
+    identity_p_value,
+    largest_stable_report,
+    run,
+    train_mlp,
+)
 
 CHECKER = Path(__file__).resolve().parents[3] / "shared" / "tools" / "check_results.py"
 
@@ -122,6 +129,54 @@ def test_the_claims_test_rejects_the_small_lr_control(quick):
     res, _ = quick
     c = next(c for c in res.claim_checks if c.method_arm == "sgdm_min_lr")
     assert c.kind == "sanity" and c.passed and c.measured < -Config.quick().margin_points
+
+
+def test_two_workers_give_the_numbers_of_one(quick, tmp_path):
+    """Every (arm, η, seed) cell, identity seed and synthetic cell is a self-seeded job: the same numbers in
+    one process as in two spawned workers."""
+    res, _ = quick
+    assert Config.quick().workers == 1
+    par = run(Config.quick().replace(threads=1, workers=2), tmp_path)
+    assert par.per_seed == res.per_seed
+    assert par.summary == res.summary
+    drop = {"timing"}
+    assert {k: v for k, v in par.extra.items() if k not in drop} == {k: v for k, v in res.extra.items() if k not in drop}
+    assert [(c.name, c.measured, c.ci_low, c.ci_high, c.passed) for c in par.claim_checks] == \
+        [(c.name, c.measured, c.ci_low, c.ci_high, c.passed) for c in res.claim_checks]
+
+
+def test_largest_stable_eta_is_the_top_of_the_first_stable_stretch():
+    lrs = [0.5, 1.0, 2.0, 4.0, 8.0]
+    assert _largest_stable(lrs, [False, False, False, True, True]) == 2.0
+    assert _largest_stable(lrs, [False, False, False, False, False]) == 8.0
+    assert _largest_stable(lrs, [True, False, False, True, False]) == 2.0  # under-trained at 0.5, unstable at 4
+    assert _largest_stable(lrs, [False, True, False, False, False]) == 0.5
+    assert _largest_stable(lrs, [True] * 5) == 0.0
+
+
+def test_largest_stable_eta_is_reported_per_arm_with_its_interval(quick):
+    res, _ = quick
+    cfg = Config.quick()
+    rep = res.extra["largest_stable_lr"]
+    assert rep["grid"] == list(cfg.lr_grid)
+    failed = res.extra["failed_runs_by_lr"]
+    for arm in ("sgdm", "exp_sgdm"):
+        r = rep[arm]
+        assert r["n"] == len(cfg.seeds) and r["ci_low"] <= r["mean"] <= r["ci_high"]
+        assert r["mean"] == pytest.approx(sum(rep["per_seed"][arm]) / len(cfg.seeds))
+        # consistent with the failure counts: a stretch never ends at an η that failed on every seed
+        assert all(failed[arm][str(v)] < len(cfg.seeds) for v in rep["per_seed"][arm] if v > 0)
+    # a constructed case: SGDM stable up to 8, Exp-SGDM up to 2 or 4 -> difference CI below 0, censoring counted
+    seeds = tuple(range(4))
+    c = Config.quick().replace(seeds=seeds, lr_grid=(1.0, 2.0, 4.0, 8.0))
+    tops = {"sgdm": [8.0, 8.0, 4.0, 8.0], "exp_sgdm": [2.0, 4.0, 2.0, 2.0]}
+    failed = {(arm, lr, s): lr > tops[arm][s] for arm in tops for lr in c.lr_grid for s in seeds}
+    r = largest_stable_report(c, failed)
+    assert r["per_seed"] == tops and r["sgdm"]["censored"] == 3 and r["exp_sgdm"]["censored"] == 0
+    assert r["sgdm"]["mean"] == 7.0 and r["exp_sgdm"]["mean"] == 2.5
+    d = r["difference_exp_sgdm_minus_sgdm"]
+    assert d["mean"] == -4.5 and d["ci_high"] < 0
+    assert r["log2_ratio_exp_sgdm_vs_sgdm"]["mean"] == pytest.approx((-2 - 1 - 1 - 2) / 4)
 
 
 def test_identity_p_value_is_a_chi_square_over_the_points():

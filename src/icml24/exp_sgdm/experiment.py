@@ -17,10 +17,15 @@ Three parts, every arm on identical data, initialisation and batch order per see
    names no claim guards them all), so they are ``mechanism`` checks beside the identity, never a vote.
 3. The synthetic non-smooth objective with noisy gradients: an upper bound on ‖∇F(x̄_T)‖_c of the EMA output
    after T steps, with horizon-dependent (η_T, β_T), falls with T (a mechanism).
+
+Reported beside the checks (issue 31): the largest stable η per arm with its 95% interval and the paired gap
+(``extra["largest_stable_lr"]``). Every (arm, η, seed), identity and synthetic cell is a self-seeded job run
+through ``common.parallel.run_jobs`` in ``Config.workers`` processes; the numbers do not depend on it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,10 +41,11 @@ from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig
 from icml24.common.data import Split, load_mnist1d
 from icml24.common.nets import MLP
+from icml24.common.parallel import run_jobs
 from icml24.common.plotting import band, new_figure, save_figure
-from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, paired_check
 from icml24.common.seeding import seed_everything, torch_generator
+from icml24.common.stats import one_sample_ci, paired_ci
 from icml24.common.tuning import Tuned, tune_grid, tuning_check
 from icml24.exp_sgdm.optimizer import ExpSGDM
 from icml24.exp_sgdm.synthetic import NonsmoothObjective, scaling_identity_gap, stationarity_upper_bound
@@ -92,12 +98,16 @@ class Config(ExperimentConfig):
     synth_noise: float = field(default=0.5, metadata={"help": "σ, Gaussian gradient noise std (notes §5.4)"})
     synth_c: float = field(default=1.0, metadata={"help": "c of (c, ε)-stationarity (notes §5.4)"})
     synth_mc: int = field(default=1024, metadata={"help": "symmetric sample pairs per σ in the ‖∇F‖_c bound (ours)"})
+    workers: int = field(default=2, metadata={
+        "help": "processes running the independent, seeded runs (MNIST-1D (arm, η, seed) cells, identity seeds, "
+                "synthetic cells) through common.parallel.run_jobs; the numbers do not depend on it (tested). "
+                "2: the full run (≈ 58 min on one thread) fits in 30 min on 2 cores"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         w = "Config"
         val.each(w, "hidden", self.hidden, val.integer, minimum=1)
-        for name in ("epochs", "batch_size", "synth_dim", "synth_mc", "synth_seeds"):
+        for name in ("epochs", "batch_size", "synth_dim", "synth_mc", "synth_seeds", "workers"):
             val.integer(w, name, getattr(self, name), minimum=1)
         val.integer(w, "grid_extra", self.grid_extra, minimum=0)
         val.integer(w, "identity_samples", self.identity_samples, minimum=2)
@@ -124,7 +134,7 @@ class Config(ExperimentConfig):
     @classmethod
     def quick(cls) -> Config:
         return cls(seeds=(0, 1, 2), epochs=6, hidden=(64,), lr_grid=(0.5, 2.0, 8.0), identity_samples=20_000,
-                   synth_seeds=2, synth_steps=(300, 1000), synth_mc=256)
+                   synth_seeds=2, synth_steps=(300, 1000), synth_mc=256, workers=1)
 
 
 # ---------------------------------------------------------------------------------------------- MLP part
@@ -184,13 +194,20 @@ def train_mlp(split: Split, *, cfg: Config, lr: float, random_scaling: str | Non
             "failed": bool(failed), "curve": curve, "max_scale": max(scales) if scales else float("nan")}
 
 
-def _largest_stable(lrs: Sequence[float], failed: list[bool]) -> float:
-    """Largest grid lr such that it and every smaller grid lr did not fail (0.0 if the smallest fails)."""
-    best = 0.0
+def _largest_stable(lrs: Sequence[float], failed: Sequence[bool]) -> float:
+    """Largest η of the first stable stretch of the (increasing) grid: scanning up from the smallest η that did
+    not fail, the last η before the next failure; 0.0 if every η fails.
+
+    A failure *below* that stretch is under-training (too small an η does not halve the loss in the budget),
+    not instability; when the smallest η trains this is "the largest η such that it and every smaller one did
+    not fail".
+    """
+    best, started = 0.0, False
     for lr, f in zip(lrs, failed, strict=True):
-        if f:
+        if f and started:
             break
-        best = lr
+        if not f:
+            best, started = lr, True
     return best
 
 
@@ -259,6 +276,41 @@ def identity_p_value(estimates: list[dict[str, float]]) -> tuple[float, float]:
     return stat, float(st.chi2.sf(stat, df=len(estimates)))
 
 
+# ---------------------------------------------------------------------------------------------- jobs
+def _mlp_job(cfg: Config, job: tuple[str, float, int, Split]) -> dict[str, Any]:
+    """One MNIST-1D cell (arm, η, seed, that seed's split), seeded by itself (same numbers in any process)."""
+    arm, lr, s, split = job
+    seed_everything(s)
+    return train_mlp(split, cfg=cfg, lr=lr, random_scaling=ARMS[arm], seed=s)
+
+
+def _synth_job(cfg: Config, job: tuple[str, str, int, int]) -> dict[str, float]:
+    """One synthetic cell (schedule, arm, T, seed)."""
+    sched, arm, T, s = job
+    lr, beta = horizon_hyper(cfg, T) if sched == "horizon" else (cfg.synth_lr, cfg.synth_momentum)
+    return run_synthetic(cfg, T=T, lr=lr, beta=beta, random_scaling=ARMS[arm], seed=s)
+
+
+def largest_stable_report(cfg: Config, failed: dict[tuple[str, float, int], bool]) -> dict[str, Any]:
+    """The largest stable η per arm (reported, not checked) on the declared grid, which both arms ran in full.
+
+    Per seed: :func:`_largest_stable` on the declared grid (the top of the first stretch of η that train).
+    Per arm: the mean with its 95% t interval over seeds; between arms: the paired mean difference of log2 η
+    (Exp-SGDM − SGDM, in grid steps of 2× for the default grid) with its interval. A seed where no declared η
+    failed is censored at the grid's top (counted in ``censored``).
+    """
+    lrs = list(cfg.lr_grid)
+    per_seed = {arm: [_largest_stable(lrs, [failed[arm, lr, s] for lr in lrs]) for s in cfg.seeds] for arm in ARMS}
+    out: dict[str, Any] = {"grid": lrs, "per_seed": per_seed}
+    for arm, vals in per_seed.items():
+        out[arm] = {**one_sample_ci(vals), "censored": sum(v == lrs[-1] for v in vals)}
+    floor = lrs[0] / 2  # a seed where every η fails counts one grid step below the grid
+    logs = {arm: [math.log2(v if v > 0 else floor) for v in vals] for arm, vals in per_seed.items()}
+    out["difference_exp_sgdm_minus_sgdm"] = paired_ci(per_seed["exp_sgdm"], per_seed["sgdm"])
+    out["log2_ratio_exp_sgdm_vs_sgdm"] = paired_ci(logs["exp_sgdm"], logs["sgdm"])
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- run
 def run(cfg: Config, out_dir: Path) -> RunResult:
     out_dir = Path(out_dir)
@@ -267,15 +319,22 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
 
     # 1) every arm on its grid on every seed, trained on the training part; η is tuned per arm with tune_grid on
     #    the mean validation accuracy over seeds (extending past an edge that keeps winning); the test accuracy of
-    #    the same runs is read only at the chosen η.
+    #    the same runs is read only at the chosen η. Every (arm, η, seed) cell is an independent, seeded job: the
+    #    declared grid of both arms runs as one batch in cfg.workers processes, each extension as another.
     sweep: dict[tuple[str, float, int], dict[str, Any]] = {}
+
+    def train_cells(cells: list[tuple[str, float, int]], desc: str) -> None:
+        cells = [c for c in cells if c not in sweep]
+        outs = run_jobs(functools.partial(_mlp_job, cfg), [(a, lr, s, data[s]) for a, lr, s in cells],
+                        workers=cfg.workers, threads=cfg.threads, desc=desc)
+        sweep.update(zip(cells, outs, strict=True))
+
+    train_cells([(arm, lr, s) for arm in ARMS for lr in cfg.lr_grid for s in cfg.seeds],
+                desc=f"{SLUG} MNIST-1D declared grid")
     tuning: dict[str, Tuned] = {}
-    for arm in progress(list(ARMS), desc=f"{SLUG} MNIST-1D tuning"):
+    for arm in ARMS:
         def evaluate(lrs: list[float], arm: str = arm) -> list[list[float]]:
-            for lr in lrs:
-                for s in cfg.seeds:
-                    seed_everything(s)
-                    sweep[arm, lr, s] = train_mlp(data[s], cfg=cfg, lr=lr, random_scaling=ARMS[arm], seed=s)
+            train_cells([(arm, lr, s) for lr in lrs for s in cfg.seeds], desc=f"{SLUG} MNIST-1D {arm} extension")
             return [[sweep[arm, lr, s]["val_acc"] for s in cfg.seeds] for lr in lrs]
         tuning[arm] = tune_grid(evaluate, cfg.lr_grid, maximize=True, log=True, max_extra=cfg.grid_extra)
     grids = {arm: list(t.grid) for arm, t in tuning.items()}  # the declared grid plus each arm's extensions
@@ -284,16 +343,17 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     tuned = {arm: t.value for arm, t in tuning.items()}
 
     # 2) the identity and its negative controls, one (x, Δ) per seed
-    ident = {s: identity_estimates(cfg, s) for s in progress(cfg.seeds, desc=f"{SLUG} identity")}
+    ident = dict(zip(cfg.seeds, run_jobs(functools.partial(identity_estimates, cfg), list(cfg.seeds),
+                                         workers=cfg.workers, threads=cfg.threads, desc=f"{SLUG} identity"),
+                     strict=True))
 
     # 3) synthetic stationarity: horizon-tuned (η_T, β_T) and, as a contrast, constant (η_{T0}, β_{T0}).
     synth_seeds = cfg.seeds[:cfg.synth_seeds]
-    synth: dict[tuple[str, str, int, int], dict[str, float]] = {}
     jobs3 = [(sched, arm, T, s) for sched in ("horizon", "constant") for arm in ARMS for T in cfg.synth_steps
              for s in synth_seeds]
-    for sched, arm, T, s in progress(jobs3, desc=f"{SLUG} synthetic"):
-        lr, beta = horizon_hyper(cfg, T) if sched == "horizon" else (cfg.synth_lr, cfg.synth_momentum)
-        synth[sched, arm, T, s] = run_synthetic(cfg, T=T, lr=lr, beta=beta, random_scaling=ARMS[arm], seed=s)
+    synth: dict[tuple[str, str, int, int], dict[str, float]] = dict(zip(jobs3, run_jobs(
+        functools.partial(_synth_job, cfg), jobs3, workers=cfg.workers, threads=cfg.threads,
+        desc=f"{SLUG} synthetic"), strict=True))
 
     # per-seed metrics; the arm "sgdm_min_lr" is the negative control of the claim (SGDM at the smallest grid η)
     lr_min = cfg.lr_grid[0]
@@ -460,6 +520,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                                       for lr in grids[arm]} for arm in ARMS},
         "failed_runs_by_lr": {arm: {str(lr): int(sum(sweep[arm, lr, s]["failed"] for s in cfg.seeds))
                                     for lr in grids[arm]} for arm in ARMS},
+        "largest_stable_lr": largest_stable_report(cfg, {k: bool(r["failed"]) for k, r in sweep.items()}),
         "largest_stable_lr_all_seeds": {arm: _largest_stable(
             grids[arm], [any(sweep[arm, lr, s]["failed"] for s in cfg.seeds) for lr in grids[arm]]) for arm in ARMS},
         "max_scale_seen": max(sweep["exp_sgdm", tuned["exp_sgdm"], s]["max_scale"] for s in cfg.seeds),

@@ -42,6 +42,11 @@ def _default_generator() -> torch.Generator:
     return g
 
 
+def _host_scale(s: torch.Tensor) -> float | None:
+    """``s`` as a Python float when reading it costs no device sync (a CPU tensor), else None."""
+    return float(s) if s.device.type == "cpu" else None
+
+
 class ExpSGDM(Optimizer):
     r"""SGD with (EMA-form) momentum whose update is scaled by one ``Exp(1)`` scalar per step.
 
@@ -49,7 +54,9 @@ class ExpSGDM(Optimizer):
     ``Δ = -η (m + λ x)``, (2) only then draws one scalar ``s ~ Exp(1)`` shared by *all* parameter groups, and
     (3) applies ``x ← x + s Δ``. The momentum buffer (``state['momentum_buffer']``, the only per-parameter
     state) and ``Δ`` never depend on ``s``. Every stage runs as ``torch._foreach_*`` kernels, one launch per
-    parameter group. The next gradient is the ordinary one at the new iterate:
+    parameter group; with a CPU generator ``s`` is read as a float and the step makes the same passes as
+    ``torch.optim.SGD(foreach=True)`` (plus one for weight decay), with a generator on an accelerator ``s``
+    stays there (no host sync). The next gradient is the ordinary one at the new iterate:
     no auxiliary point and no extra forward pass. With ``random_scaling=None`` (``s ≡ 1``) this is plain SGDM;
     with zero weight decay it equals ``torch.optim.SGD(lr=η(1-β), momentum=β)`` step for step.
 
@@ -137,9 +144,9 @@ class ExpSGDM(Optimizer):
             with torch.enable_grad():
                 loss = closure()
 
-        # (1) online learner: momentum and Δ_n for every parameter, before s_n exists (foreach kernels, one
-        # launch per group, not per parameter). Δ_n is a temporary: it is s-free and recomputable from m.
-        updates: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+        # (1) online learner: momentum for every parameter, before s_n exists (foreach kernels, one launch per
+        # group, not per parameter). Δ_n = -η(m_n + λ x_{n-1}) is s-free and never stored.
+        groups: list[tuple[list[torch.Tensor], list[torch.Tensor], float, float]] = []
         for group in self.param_groups:
             lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
             params = [p for p in group["params"] if p.grad is not None]
@@ -156,20 +163,25 @@ class ExpSGDM(Optimizer):
                 bufs.append(state["momentum_buffer"])
             torch._foreach_mul_(bufs, beta)
             torch._foreach_add_(bufs, grads, alpha=1.0 - beta)
-            deltas = torch._foreach_mul(bufs, -lr)
-            # NOTE(deviation): EMA-form momentum and weight decay inside Δ (authors' PyTorch Sgdm), not
-            # torch.optim.SGD's λx added to g before the momentum; identical when weight_decay == 0.
-            if wd != 0.0:
-                torch._foreach_add_(deltas, params, alpha=-lr * wd)
-            updates.append((params, deltas))
+            groups.append((params, bufs, lr, wd))
 
         # (2) one scalar for the whole model, drawn after every Δ is fixed; (3) x ← x + s Δ.
         s = self._draw_scale()
+        # a CPU scalar is read as a float (no device sync): x ← (1 - sηλ) x - sη m, the same passes as SGD's
+        # step; a scalar on an accelerator stays a tensor there (no host sync): x ← x + s · Δ
+        s_host = 1.0 if s is None else _host_scale(s)
         cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-        for params, deltas in updates:
-            if s is None:
-                torch._foreach_add_(params, deltas)
+        for params, bufs, lr, wd in groups:
+            # NOTE(deviation): EMA-form momentum and weight decay inside Δ (authors' PyTorch Sgdm), not
+            # torch.optim.SGD's λx added to g before the momentum; identical when weight_decay == 0.
+            if s_host is not None:
+                if wd != 0.0:
+                    torch._foreach_mul_(params, 1.0 - s_host * lr * wd)
+                torch._foreach_add_(params, bufs, alpha=-s_host * lr)
                 continue
+            deltas = torch._foreach_mul(bufs, -lr)
+            if wd != 0.0:
+                torch._foreach_add_(deltas, params, alpha=-lr * wd)
             scales = []
             for p in params:
                 key = (p.device, p.dtype)
@@ -187,14 +199,19 @@ class ExpSGDM(Optimizer):
     # ------------------------------------------------------------------ EMA of iterates (output point)
     def _update_ema(self) -> None:
         b = self.ema_beta
+        params, emas = [], []
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state[p]
                 if "ema" not in state:
                     state["ema"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["ema_steps"] = 0
-                state["ema"].mul_(b).add_(p, alpha=1.0 - b)
+                params.append(p.detach())
+                emas.append(state["ema"])
                 state["ema_steps"] += 1
+        if emas:  # ema ← b·ema + (1 - b)·x, as foreach kernels
+            torch._foreach_mul_(emas, b)
+            torch._foreach_add_(emas, params, alpha=1.0 - b)
 
     def _ema_of(self, p: torch.Tensor) -> torch.Tensor | None:
         state = self.state.get(p, {})
