@@ -35,11 +35,11 @@ def test_mnist1d_bad_input(kwargs, match):
         load_mnist1d(**kwargs)
 
 
-def _test_accuracy(model: torch.nn.Module, steps: int) -> float:
+def _test_accuracy(model: torch.nn.Module, steps: int, seed: int) -> float:
     """The published recipe: Adam, lr 1e-2, batch 100, random minibatches of the 4000 training series."""
     d = load_mnist1d(seed=0, val_fraction=0.0)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         idx = torch.randint(0, len(d.y_train), (100,), generator=g)
         loss = F.cross_entropy(model(d.x_train[idx]), d.y_train[idx])
@@ -50,11 +50,22 @@ def _test_accuracy(model: torch.nn.Module, steps: int) -> float:
         return (model(d.x_test).argmax(1) == d.y_test).float().mean().item()
 
 
-def test_mlp_and_cnn_reach_the_published_mnist1d_accuracies():
-    torch.manual_seed(0)
-    mlp = _test_accuracy(MLP(in_features=40, hidden=(100, 100), out_features=10), steps=6000)
-    torch.manual_seed(0)
-    cnn = _test_accuracy(ConvNet1D(), steps=3000)
-    assert abs(mlp - 0.68) <= 0.04, mlp  # published: MLP 68%
-    assert abs(cnn - 0.94) <= 0.03, cnn  # published: CNN 94%
-    assert cnn - mlp >= 0.2  # the benchmark separates the models
+def test_logistic_mlp_and_cnn_reach_the_published_mnist1d_accuracies():
+    # One training run's accuracy depends on the kernels' reduction order (thread count, CPU): single runs measured
+    # here over seeds 0-5 on one thread gave logistic 30.5-31.5%, MLP 63.8-67.1% (sd 1.3 pts), CNN 90.4-95.3%
+    # (sd 1.6 pts), and seed 0 on two threads CNN 91.9% against 93.3% on one: one CNN run at 90.6% is an ordinary
+    # draw. The test averages three seeds (sd of the mean
+    # ~0.9 pts) and allows ±3 points around the published numbers (±4 for the MLP, whose mean sits 2.4 points
+    # below its published 68%): a loader or network a few points off the published difficulty still fails.
+    runs = {"logistic": [], "mlp": [], "cnn": []}
+    for seed in range(3):
+        for name, make, steps in [("logistic", lambda: torch.nn.Linear(40, 10), 3000),
+                                  ("mlp", lambda: MLP(in_features=40, hidden=(100, 100), out_features=10), 6000),
+                                  ("cnn", ConvNet1D, 3000)]:
+            torch.manual_seed(seed)
+            runs[name].append(_test_accuracy(make(), steps=steps, seed=seed))
+    lin, mlp, cnn = (float(np.mean(runs[k])) for k in ("logistic", "mlp", "cnn"))
+    assert abs(lin - 0.32) <= 0.03, runs  # published: logistic 32%
+    assert abs(mlp - 0.68) <= 0.04, runs  # published: MLP 68%
+    assert abs(cnn - 0.94) <= 0.03, runs  # published: CNN 94%
+    assert cnn - mlp >= 0.2 and mlp - lin >= 0.25, runs  # the benchmark separates the models
