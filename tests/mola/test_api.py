@@ -106,6 +106,32 @@ def test_conv_per_sample_gating_equals_grouped_per_sample_conv(groups, stride, p
     assert layer.lora_A.shape == (3, 2 * 3, (4 // groups) * 3) and layer.lora_B.shape == (3, 6 * 3, 2 * 3)
 
 
+@pytest.mark.parametrize("groups,stride,padding,bias,dilation", [(1, 1, 1, True, 1), (2, 2, 0, False, 1),
+                                                                  (1, 1, "same", True, 2), (3, 1, 1, True, 1)])
+def test_conv_per_sample_impl_equals_stacked_impl_with_gradients(groups, stride, padding, bias, dilation):
+    torch.manual_seed(11)
+    conv = nn.Conv2d(6, 12, (3, 2), stride=stride, padding=padding, groups=groups, bias=bias, dilation=dilation)
+    layer = MoLAConv2d(conv, num_experts=3, rank=2, alpha=4.0)
+    assert layer.impl == "per_sample"
+    _rand_B(layer)
+    x = torch.randn(5, 6, 8, 7)
+    logits = torch.randn(5, 3)
+    results = {}
+    for impl in ("per_sample", "stacked"):
+        layer.impl = impl
+        layer.zero_grad()
+        xi, li = x.clone().requires_grad_(True), logits.clone().requires_grad_(True)
+        out = layer(xi, gates=torch.softmax(li, dim=1))
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        results[impl] = (out.detach(), xi.grad, li.grad, *(p.grad.clone() for p in layer.parameters()))
+    for a, b in zip(results["per_sample"], results["stacked"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        MoLAConv2d(nn.Conv2d(2, 2, 1), num_experts=2, rank=1, impl="loop")
+    with pytest.raises(ValueError, match="3 channels, the layer takes 6"):
+        layer(torch.randn(2, 3, 8, 8), gates=torch.ones(2, 3) / 3)
+
+
 # ---------------------------------------------------------------- one-hot Router gate == Grad layer
 
 
@@ -356,6 +382,19 @@ def test_checkpointed_model_gives_the_same_gradients(router, use_reentrant):
     assert got.keys() == ref.keys() and any("lora_A" in n for n in got)
     for n in ref:
         torch.testing.assert_close(got[n], ref[n], msg=n)
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")
+def test_router_under_reentrant_checkpoint_raises_a_clear_error():
+    # torch alone fails in the backward with "Trying to backward through the graph a second time"; MoLA refuses
+    # in the forward and names the fix
+    model = _mola_blocks({"use_reentrant": True}, router=True)
+    with pytest.raises(RuntimeError, match=r"use_reentrant=True.*use use_reentrant=False"):
+        model(torch.randn(8, 12, requires_grad=True))
+    with torch.no_grad():  # inference under reentrant checkpoint: gates carry no grad, nothing to refuse
+        torch.testing.assert_close(model(torch.randn(4, 12, generator=torch.Generator().manual_seed(0))),
+                                   _mola_blocks(router=True)(torch.randn(4, 12,
+                                                                          generator=torch.Generator().manual_seed(0))))
 
 
 def test_checkpoint_context_fn_restores_each_forwards_gates():

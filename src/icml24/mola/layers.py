@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
+import os
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -38,6 +41,21 @@ from icml24.common import validate as v
 __all__ = ["MoLALinear", "MoLAConv2d", "TaskGate", "Router", "MoLAModel", "GateContext", "apply_mola"]
 
 
+def _conv1d_class() -> type | None:
+    """transformers' ``Conv1D`` if transformers is already imported (no instance can exist otherwise)."""
+    mod = sys.modules.get("transformers.pytorch_utils")
+    return getattr(mod, "Conv1D", None) if mod is not None else None
+
+
+def _is_conv1d(m: nn.Module) -> bool:
+    cls = _conv1d_class()
+    return cls is not None and isinstance(m, cls)
+
+
+def _is_linear_like(m: nn.Module) -> bool:
+    return isinstance(m, nn.Linear) or _is_conv1d(m)
+
+
 class GateContext:
     """The per-sample gates ``(B, E)`` of the current forward, shared by every MoLA layer of one model.
 
@@ -47,6 +65,9 @@ class GateContext:
 
     def __init__(self) -> None:
         self.gates: torch.Tensor | None = None
+        # during MoLAModel.generate only: a layer input with k × the gates' batch (beams / returned sequences,
+        # expanded by Hugging Face with repeat_interleave) gets each gate repeated k times
+        self.expand: bool = False
 
     @contextlib.contextmanager
     def use(self, gates: torch.Tensor | None) -> Iterator[None]:
@@ -86,6 +107,19 @@ class _MoLALayer(nn.Module):
         if not isinstance(g, torch.Tensor) or g.dim() != 2 or g.shape[1] != self.num_experts:
             shape = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
             raise ValueError(f"mola: gates must have shape (batch, num_experts={self.num_experts}), got {shape}")
+        if g.requires_grad and not torch.is_grad_enabled():
+            # the first pass of torch.utils.checkpoint(use_reentrant=True) runs without grad; its recomputation
+            # would then backpropagate into the router graph a second time (torch's raw "backward through the
+            # graph a second time" error), so refuse here with what to use instead
+            raise RuntimeError(
+                "mola: this MoLA layer runs with gradients disabled but its gates require grad (MoLA-Router). "
+                "This happens under torch.utils.checkpoint(..., use_reentrant=True) (also Hugging Face "
+                "gradient_checkpointing_enable() with use_reentrant=True), which cannot backpropagate into the "
+                "router: use use_reentrant=False (HF: gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+                "{'use_reentrant': False})), or detach the gates to train without router gradients")
+        if (gates is None and self.gates is None and self.gate_context is not None and self.gate_context.expand
+                and g.shape[0] != x.shape[0] and g.shape[0] > 0 and x.shape[0] % g.shape[0] == 0):
+            g = g.repeat_interleave(x.shape[0] // g.shape[0], dim=0)
         if g.shape[0] != x.shape[0]:
             raise ValueError(f"mola: gates batch size ({g.shape[0]}) != input batch size ({x.shape[0]})")
         return g.to(device=x.device, dtype=x.dtype)
@@ -96,38 +130,45 @@ class MoLALinear(_MoLALayer):
 
     The experts are applied in factorised form (``A_e x`` then ``B_e ·``), so no per-sample dense weight is
     ever materialised. Inputs may carry extra middle dimensions (``(B, ..., in)``, e.g. tokens); the gate of
-    sample ``b`` then applies to all of its positions.
+    sample ``b`` then applies to all of its positions. The base may also be transformers' ``Conv1D`` (GPT-2),
+    which stores its weight transposed (``y = x W + b``, ``W`` of shape ``(in, out)``); the experts keep the
+    ``Linear`` orientation (``ΔW_e`` is ``(out, in)``) and :meth:`merged` adds ``ΔW_eᵀ`` to a ``Conv1D``.
 
     Args:
-        base: the linear layer to adapt; it stays trainable and is stored as ``self.base``.
+        base: the ``nn.Linear`` (or ``Conv1D``) to adapt; it stays trainable and is stored as ``self.base``.
         num_experts: ``E`` (MoLA-Grad: the number of tasks).
         rank: ``r`` of every expert.
         alpha: ``α``; the expert output is scaled by ``α / r`` (official default ``α = 16``).
     """
 
-    def __init__(self, base: nn.Linear, *, num_experts: int, rank: int, alpha: float = 16.0) -> None:
+    def __init__(self, base: nn.Module, *, num_experts: int, rank: int, alpha: float = 16.0) -> None:
         super().__init__()
-        if not isinstance(base, nn.Linear):
-            raise TypeError(f"mola: MoLALinear needs an nn.Linear, got {type(base).__name__}")
+        if not _is_linear_like(base):
+            raise TypeError(f"mola: MoLALinear needs an nn.Linear or transformers' Conv1D, got {type(base).__name__}")
         self.num_experts = v.integer("mola", "num_experts", num_experts, minimum=1)
         self.rank = v.integer("mola", "rank", rank, minimum=1)
         self.alpha = v.positive("mola", "alpha", alpha)
         self.scaling = self.alpha / self.rank
         self.base = base
         w = base.weight
-        self.lora_A = nn.Parameter(w.new_empty(num_experts, rank, base.in_features))
-        self.lora_B = nn.Parameter(w.new_zeros(num_experts, base.out_features, rank))
+        self.fan_in_fan_out = not isinstance(base, nn.Linear)  # Conv1D: weight (in, out)
+        self.in_features, self.out_features = (w.shape[0], w.shape[1]) if self.fan_in_fan_out else (w.shape[1],
+                                                                                                      w.shape[0])
+        self.lora_A = nn.Parameter(w.new_empty(num_experts, rank, self.in_features))
+        self.lora_B = nn.Parameter(w.new_zeros(num_experts, self.out_features, rank))
         self.gates = None
         self.reset_lora_parameters()
 
     def delta_weight(self) -> torch.Tensor:
-        """The dense expert updates ``ΔW_e = (α/r) B_e A_e``, shape ``(E, out, in)``."""
+        """The dense expert updates ``ΔW_e = (α/r) B_e A_e``, shape ``(E, out, in)`` (also for a ``Conv1D``)."""
         return torch.einsum("eor,eri->eoi", self.lora_B, self.lora_A) * self.scaling
 
     def forward(self, x: torch.Tensor, gates: torch.Tensor | None = None) -> torch.Tensor:
         """Args: x ``(B, ..., in)``; gates ``(B, E)`` (default: the gates set by :meth:`set_gates`)."""
         if x.dim() < 2:
             raise ValueError(f"mola: MoLALinear input must be (batch, ..., in_features), got shape {tuple(x.shape)}")
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"mola: MoLALinear input has {x.shape[-1]} features, the layer takes {self.in_features}")
         g = self._resolve_gates(x, gates)
         h = torch.einsum("b...i,eri->b...er", x, self.lora_A)  # A_e x for every expert
         h = h * g.view(g.shape[0], *([1] * (x.dim() - 2)), self.num_experts, 1)
@@ -137,11 +178,11 @@ class MoLALinear(_MoLALayer):
         return f"num_experts={self.num_experts}, rank={self.rank}, alpha={self.alpha}"
 
     @torch.no_grad()
-    def merged(self, weights: torch.Tensor) -> nn.Linear:
+    def merged(self, weights: torch.Tensor) -> nn.Module:
         """A copy of the base layer with ``W + Σ_e w_e ΔW_e`` folded in (``weights``: ``(E,)``)."""
         out = copy.deepcopy(self.base)
         d = torch.einsum("e,eoi->oi", weights.to(self.lora_A), self.delta_weight())
-        out.weight.add_(d.to(out.weight.dtype))
+        out.weight.add_((d.t() if self.fan_in_fan_out else d).to(out.weight.dtype))
         return out
 
 
@@ -150,19 +191,29 @@ class MoLAConv2d(_MoLALayer):
 
     Expert ``e`` has ``A_e ∈ R^{(r·k_h) × (C_in/groups · k_w)}`` and ``B_e ∈ R^{(C_out·k_h) × (r·k_h)}``;
     ``ΔW_e = (α/r) · (B_e A_e).view(C_out, C_in/groups, k_h, k_w)`` (the loralib / official weight-space form,
-    not peft's conv-then-1×1 form). By linearity in the kernel,
-    ``conv(x_i, W + Σ_e g_{i,e} ΔW_e) = conv(x_i, W) + Σ_e g_{i,e} conv(x_i, ΔW_e)``, computed in one convolution
-    with the ``E + 1`` kernels stacked along the output channels.
+    not peft's conv-then-1×1 form). Two equal computations (``impl``):
+
+    - ``"per_sample"`` (default, as the official ``MultiLoraConv2dV2``): each sample's kernel
+      ``W_i = W + Σ_e g_{i,e} ΔW_e`` is built and the batch runs as one grouped convolution (batch folded into
+      the groups): the FLOPs of the base convolution plus ``B·E·|W|`` for the kernels, and ``B`` kernels in memory;
+    - ``"stacked"``: by linearity in the kernel, ``conv(x_i, W) + Σ_e g_{i,e} conv(x_i, ΔW_e)`` in one
+      convolution with the ``E + 1`` kernels stacked along the output channels: ``E + 1`` times the FLOPs of the
+      base convolution and ``E + 1`` output maps, no per-sample kernels (for huge kernels × batches).
 
     Args:
         base: the convolution to adapt (``padding_mode="zeros"``); it stays trainable as ``self.base``.
         num_experts: ``E``.
         rank: ``r``.
         alpha: ``α``; experts are scaled by ``α / r``.
+        impl: ``"per_sample"`` or ``"stacked"`` (an attribute; may be changed later).
     """
 
-    def __init__(self, base: nn.Conv2d, *, num_experts: int, rank: int, alpha: float = 16.0) -> None:
+    IMPLS = ("per_sample", "stacked")
+
+    def __init__(self, base: nn.Conv2d, *, num_experts: int, rank: int, alpha: float = 16.0,
+                 impl: str = "per_sample") -> None:
         super().__init__()
+        self.impl = v.one_of("mola", "impl", impl, self.IMPLS)
         if not isinstance(base, nn.Conv2d):
             raise TypeError(f"mola: MoLAConv2d needs an nn.Conv2d, got {type(base).__name__}")
         if base.padding_mode != "zeros":
@@ -189,7 +240,27 @@ class MoLAConv2d(_MoLALayer):
         """Args: x ``(B, C_in, H, W)``; gates ``(B, E)`` (default: the gates set by :meth:`set_gates`)."""
         if x.dim() != 4:
             raise ValueError(f"mola: MoLAConv2d input must be (batch, C, H, W), got shape {tuple(x.shape)}")
+        if x.shape[1] != self.base.in_channels:
+            raise ValueError(f"mola: MoLAConv2d input has {x.shape[1]} channels, the layer takes "
+                             f"{self.base.in_channels}")
+        if self.impl not in self.IMPLS:
+            raise ValueError(f"mola: MoLAConv2d impl must be one of {self.IMPLS}, got {self.impl!r}")
         g = self._resolve_gates(x, gates)
+        if self.impl == "per_sample":
+            return self._forward_per_sample(x, g)
+        return self._forward_stacked(x, g)
+
+    def _forward_per_sample(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        conv, b = self.base, x.shape[0]
+        kernels = conv.weight + torch.einsum("be,e...->b...", g, self.delta_weight())  # W_i, (B, C_out, C_in/G, kh, kw)
+        out = F.conv2d(x.reshape(1, -1, *x.shape[2:]), kernels.reshape(-1, *kernels.shape[2:]), None, conv.stride,
+                       conv.padding, conv.dilation, b * conv.groups)  # sample i's channels only meet W_i
+        out = out.view(b, conv.out_channels, *out.shape[2:])
+        if conv.bias is not None:
+            out = out + conv.bias.view(1, -1, 1, 1)
+        return out
+
+    def _forward_stacked(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         conv, E, G = self.base, self.num_experts, self.base.groups
         cout = conv.out_channels
         kernels = torch.cat([conv.weight.unsqueeze(0), self.delta_weight()], dim=0)  # (E+1, C_out, C_in/G, kh, kw)
@@ -204,7 +275,7 @@ class MoLAConv2d(_MoLALayer):
         return y
 
     def extra_repr(self) -> str:
-        return f"num_experts={self.num_experts}, rank={self.rank}, alpha={self.alpha}"
+        return f"num_experts={self.num_experts}, rank={self.rank}, alpha={self.alpha}, impl={self.impl!r}"
 
     @torch.no_grad()
     def merged(self, weights: torch.Tensor) -> nn.Conv2d:
@@ -297,6 +368,20 @@ class Router(nn.Module):
 
 
 _INPUT_KEYS = ("x", "input", "inputs", "input_ids", "pixel_values", "inputs_embeds", "features")
+_SAVE_FORMAT = 1
+_SAVE_CONFIG = "mola_config.json"
+_SAVE_ADAPTERS = "mola_adapters.pt"
+
+
+class _InnerSaveRefused:
+    """Replaces ``save_pretrained`` on a model wrapped by :class:`MoLAModel` (see there)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("mola: this model contains MoLA layers; its own save_pretrained would store the adapted "
+                           "layers' weights as '<name>.base.weight', which from_pretrained does not load (it "
+                           "re-initialises them). Save the wrapper instead: mola_model.save_pretrained(dir), and "
+                           "load it with MoLAModel.from_pretrained(dir, model_class=...); or save "
+                           "mola_model.merge(task_id), a plain model")
 
 
 class MoLAModel(nn.Module):
@@ -325,6 +410,10 @@ class MoLAModel(nn.Module):
             m.gate_context = self.gate_context
         self.last_logits: torch.Tensor | None = None
         self.last_gates: torch.Tensor | None = None
+        if callable(getattr(type(model), "save_pretrained", None)):
+            # the wrapped model's own save_pretrained would store the adapted layers' weights as `<name>.base.*`,
+            # which a plain from_pretrained does not load (it re-initialises them): refuse it, point to ours
+            model.__dict__["save_pretrained"] = _InnerSaveRefused()
 
     @property
     def mola_layers(self) -> list[_MoLALayer]:
@@ -373,6 +462,156 @@ class MoLAModel(nn.Module):
         self.gate_context.gates = g.to(x.device)
         return self.model(*args, **kwargs)
 
+    def generate(self, *args: Any, task_ids: torch.Tensor | None = None, router_input: torch.Tensor | None = None,
+                 **kwargs: Any) -> Any:
+        """The wrapped model's ``generate`` (Hugging Face) with the gates of the prompt held for every step.
+
+        The gates are computed once, as :meth:`forward` does, from the prompt (``input_ids`` / ``inputs`` /
+        ``inputs_embeds``, the first positional argument, or ``router_input``) and ``task_ids`` (MoLA-Grad), and
+        stay fixed while the sequence grows (with or without the KV cache). Where ``generate`` expands the batch
+        (``num_beams``, ``num_return_sequences``: each prompt repeated ``k`` times in place), each gate is repeated
+        with its prompt.
+
+        Args:
+            *args, **kwargs: passed to the wrapped model's ``generate`` unchanged.
+            task_ids: ``(B,)`` task ids of the prompts (MoLA-Grad).
+            router_input: what the router reads, when not the prompt.
+
+        Raises:
+            TypeError: the wrapped model has no ``generate``.
+            ValueError: no prompt found, or gates that do not match its batch.
+        """
+        gen = getattr(self.model, "generate", None)
+        if not callable(gen):
+            raise TypeError(f"mola: the wrapped model ({type(self.model).__name__}) has no generate(); generation "
+                            "needs a Hugging Face generative model (GenerationMixin)")
+        if args:
+            x = args[0]
+        else:
+            x = next((kwargs[k] for k in ("input_ids", "inputs", "inputs_embeds") if kwargs.get(k) is not None), None)
+        if not isinstance(x, torch.Tensor):
+            raise ValueError("mola: generate needs the prompt as a tensor: positionally or as input_ids=, inputs= "
+                             "or inputs_embeds=")
+        with torch.no_grad():  # generate runs without grad; gates requiring grad would be refused by the layers
+            g = self.compute_gates(router_input if router_input is not None else x, task_ids)
+        if g.shape[0] != x.shape[0]:
+            raise ValueError(f"mola: {g.shape[0]} gates for a prompt batch of {x.shape[0]}")
+        ctx = self.gate_context
+        prev_expand, ctx.expand = ctx.expand, True
+        try:
+            with ctx.use(g.to(x.device)):
+                return gen(*args, **kwargs)
+        finally:
+            ctx.expand = prev_expand
+
+    def _layer_config(self) -> dict[str, Any]:
+        named = [(n, m) for n, m in self.model.named_modules() if isinstance(m, _MoLALayer)]
+        if not named:
+            raise ValueError("mola: the model has no MoLA layer to save")
+        first = named[0][1]
+        for n, m in named:
+            if (m.num_experts, m.rank, m.alpha) != (first.num_experts, first.rank, first.alpha):
+                raise ValueError(f"mola: save_pretrained needs one (num_experts, rank, alpha) for every layer (as "
+                                 f"apply_mola builds); {n!r} has ({m.num_experts}, {m.rank}, {m.alpha}), "
+                                 f"{named[0][0]!r} ({first.num_experts}, {first.rank}, {first.alpha})")
+        return {"format": _SAVE_FORMAT, "layers": [n for n, _ in named], "num_experts": first.num_experts,
+                "rank": first.rank, "alpha": first.alpha,
+                "conv_impl": {n: m.impl for n, m in named if isinstance(m, MoLAConv2d)},
+                "gate": "router" if isinstance(self.gate, Router) else "task"}
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        """Save a wrapped Hugging Face model so that :meth:`from_pretrained` gives the same outputs.
+
+        Writes the backbone with the wrapped model's ``save_pretrained`` in its **original layout** (each adapted
+        layer's (trained) base weights under the plain layer's names, so ``ModelClass.from_pretrained(dir)``
+        loads the backbone without re-initialising anything), and beside it ``mola_config.json`` (adapted
+        layer names, ``E``, ``r``, ``α``, gate kind) and ``mola_adapters.pt`` (every ``lora_A``/``lora_B`` and
+        the gate's state, e.g. the router's weights). ``requires_grad`` flags (``freeze_backbone``) are not saved.
+
+        Args:
+            save_directory: the folder (created if needed).
+            **kwargs: passed to the wrapped model's ``save_pretrained`` (not ``state_dict``).
+
+        Raises:
+            TypeError: the wrapped model is not a Hugging Face model (use ``state_dict()`` for a plain module).
+            ValueError: ``state_dict`` given, or layers with different ``(E, r, α)``.
+        """
+        save = getattr(type(self.model), "save_pretrained", None)
+        if not callable(save):
+            raise TypeError(f"mola: save_pretrained needs a Hugging Face model inside, got "
+                            f"{type(self.model).__name__}; save a plain module with state_dict() and load it into "
+                            "a model built by the same apply_mola call")
+        if "state_dict" in kwargs:
+            raise ValueError("mola: save_pretrained builds the state_dict itself; do not pass state_dict")
+        cfg = self._layer_config()
+        prefixes = [n + "." for n in cfg["layers"]]
+        backbone: dict[str, torch.Tensor] = {}
+        adapters: dict[str, torch.Tensor] = {}
+        for key, t in self.model.state_dict().items():
+            pre = next((p for p in prefixes if key.startswith(p)), None)
+            if pre is None:
+                backbone[key] = t
+            elif key[len(pre):].startswith("base."):
+                backbone[pre + key[len(pre) + 5:]] = t  # "<layer>.base.weight" -> "<layer>.weight"
+            else:
+                adapters["model." + key] = t.detach().cpu()
+        adapters.update({"gate." + k: t.detach().cpu() for k, t in self.gate.state_dict().items()})
+        save(self.model, save_directory, state_dict=backbone, **kwargs)
+        with open(os.path.join(save_directory, _SAVE_CONFIG), "w") as f:
+            json.dump(cfg, f, indent=2)
+        torch.save(adapters, os.path.join(save_directory, _SAVE_ADAPTERS))
+
+    @classmethod
+    def from_pretrained(cls, save_directory: str | os.PathLike, *, model_class: Any, router: Router | None = None,
+                        **kwargs: Any) -> MoLAModel:
+        """Load what :meth:`save_pretrained` wrote: the backbone, the MoLA layers, their experts and the gate.
+
+        Args:
+            save_directory: the folder written by :meth:`save_pretrained`.
+            model_class: the Hugging Face class to load the backbone with (e.g. ``GPT2LMHeadModel`` or
+                ``AutoModelForCausalLM``); ``model_class.from_pretrained(save_directory, **kwargs)`` is called.
+            router: for a saved MoLA-Router, a :class:`Router` of the same architecture (its weights are loaded
+                from the folder; a router's ``net`` cannot be rebuilt from a file).
+            **kwargs: passed to ``model_class.from_pretrained`` (e.g. ``torch_dtype``).
+
+        Raises:
+            FileNotFoundError: no ``mola_config.json`` in the folder.
+            ValueError: a router missing for a saved router (or given for a saved task gate), an unknown format,
+                or saved tensors that do not fit the rebuilt model.
+        """
+        cfg_path = os.path.join(save_directory, _SAVE_CONFIG)
+        if not os.path.isfile(cfg_path):
+            raise FileNotFoundError(f"mola: {cfg_path} not found; the folder was not written by "
+                                    "MoLAModel.save_pretrained")
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+        if cfg.get("format") != _SAVE_FORMAT:
+            raise ValueError(f"mola: unknown save format {cfg.get('format')!r} in {cfg_path}")
+        if cfg["gate"] == "router" and router is None:
+            raise ValueError("mola: the saved model is a MoLA-Router: pass router=Router(...) of the same "
+                             "architecture (its weights are loaded from the folder)")
+        if cfg["gate"] == "task" and router is not None:
+            raise ValueError("mola: the saved model is MoLA-Grad (task gate); do not pass a router")
+        if not callable(getattr(model_class, "from_pretrained", None)):
+            raise TypeError(f"mola: model_class must have from_pretrained (a Hugging Face class), got {model_class!r}")
+        base = model_class.from_pretrained(save_directory, **kwargs)
+        wrapped = apply_mola(base, target_modules="|".join(re.escape(n) for n in cfg["layers"]),
+                             num_experts=cfg["num_experts"], rank=cfg["rank"], alpha=cfg["alpha"], router=router)
+        got = [n for n, m in wrapped.model.named_modules() if isinstance(m, _MoLALayer)]
+        if got != cfg["layers"]:
+            raise ValueError(f"mola: the loaded model's adapted layers {got} differ from the saved {cfg['layers']}")
+        for n, impl in cfg.get("conv_impl", {}).items():
+            wrapped.model.get_submodule(n).impl = impl
+        state = torch.load(os.path.join(save_directory, _SAVE_ADAPTERS), map_location="cpu", weights_only=True)
+        own = wrapped.state_dict()
+        missing = [k for k in own if (".lora_" in k or k.startswith("gate.")) and k not in state]
+        unexpected = [k for k in state if k not in own]
+        if missing or unexpected:
+            raise ValueError(f"mola: saved adapters do not fit the rebuilt model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+        wrapped.load_state_dict(state, strict=False)
+        return wrapped
+
     def checkpoint_context_fn(self) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
         """``context_fn`` for non-reentrant ``torch.utils.checkpoint.checkpoint``: the recomputation of a
         checkpointed segment runs with the gates of the forward that created it (needed only when several
@@ -405,6 +644,7 @@ class MoLAModel(nn.Module):
                 raise ValueError(f"mola: weights must have shape ({num_experts},), got {tuple(weights.shape)}")
             w = weights.detach()
         merged = copy.deepcopy(self.model)
+        merged.__dict__.pop("save_pretrained", None)  # a plain model again: its own save_pretrained works
         for name, m in list(merged.named_modules()):
             if isinstance(m, _MoLALayer):  # apply_mola never adapts the root module itself, so name != ""
                 parent_name, _, child = name.rpartition(".")
@@ -421,7 +661,7 @@ def _matches(name: str, target: str | Sequence[str]) -> bool:
 
 def apply_mola(model: nn.Module, *, target_modules: str | Sequence[str], num_experts: int, rank: int,
                alpha: float = 16.0, router: Router | None = None, freeze_backbone: bool = False) -> MoLAModel:
-    """Swap the target ``nn.Linear`` / ``nn.Conv2d`` layers of ``model`` (in place) for MoLA layers.
+    """Swap the target ``nn.Linear`` / ``nn.Conv2d`` (and GPT-2 ``Conv1D``) layers of ``model`` for MoLA layers.
 
     By default nothing is frozen: the backbone, the adapters (and the router) are trained jointly, as in the
     paper. ``freeze_backbone=True`` sets ``requires_grad=False`` on every parameter of ``model`` except the
@@ -444,7 +684,7 @@ def apply_mola(model: nn.Module, *, target_modules: str | Sequence[str], num_exp
     Raises:
         ValueError: ``num_experts < 1``, ``rank < 1``, ``alpha <= 0``, target modules matching nothing, or a
             router with a different number of experts.
-        TypeError: a matched module that is neither ``nn.Linear`` nor ``nn.Conv2d``.
+        TypeError: a matched module that is not an ``nn.Linear``, ``nn.Conv2d`` or transformers ``Conv1D``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"mola: model must be an nn.Module, got {type(model).__name__}")
@@ -465,15 +705,15 @@ def apply_mola(model: nn.Module, *, target_modules: str | Sequence[str], num_exp
     targets = [(n, m) for n, m in model.named_modules()
                if n and _matches(n, target_modules) and not any(n == p or n.startswith(p + ".") for p in inside_mola)]
     if not targets:
-        candidates = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-        raise ValueError(f"mola: target_modules {target_modules!r} match no module; Linear/Conv2d modules are: "
-                         f"{candidates[:20]}")
+        candidates = [n for n, m in model.named_modules() if _is_linear_like(m) or isinstance(m, nn.Conv2d)]
+        raise ValueError(f"mola: target_modules {target_modules!r} match no module; Linear/Conv1D/Conv2d modules "
+                         f"are: {candidates[:20]}")
     for n, m in targets:
-        if not isinstance(m, (nn.Linear, nn.Conv2d)):
+        if not (_is_linear_like(m) or isinstance(m, nn.Conv2d)):
             raise TypeError(f"mola: target module {n!r} is a {type(m).__name__}; only nn.Linear and nn.Conv2d "
-                            "can be adapted")
+                            "(and transformers' Conv1D) can be adapted")
     for n, m in targets:
-        cls = MoLALinear if isinstance(m, nn.Linear) else MoLAConv2d
+        cls = MoLAConv2d if isinstance(m, nn.Conv2d) else MoLALinear
         parent_name, _, child = n.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, cls(m, num_experts=num_experts, rank=rank, alpha=alpha))
