@@ -12,8 +12,16 @@ import torch
 from icml24.next_gpt import world as W
 from icml24.next_gpt.components import FrozenConfig, train_frozen_shell
 from icml24.next_gpt.experiment import Config, samplers
-from icml24.next_gpt.model import (Media, NExTGPT, NExTGPTConfig, OutputProjector, StageConfig, l2_loss,
-                                   module_hash, train_stage)
+from icml24.next_gpt.model import (
+    Media,
+    NExTGPT,
+    NExTGPTConfig,
+    OutputProjector,
+    StageConfig,
+    l2_loss,
+    module_hash,
+    train_stage,
+)
 
 MODS = ("image", "audio")
 
@@ -90,7 +98,7 @@ def test_signal_block_parsing_complete_partial_absent(frozen):
 
 def test_projector_shapes(frozen):
     m = _model(frozen)
-    for mod, n in zip(MODS, (4, 3)):
+    for mod, n in zip(MODS, (4, 3), strict=True):
         h = torch.randn(5, n, m.d_llm)
         out = m.project(mod, h, torch.tensor([m.signal_ids[mod]] * 5))
         assert out.shape == (5, *frozen.decoders[mod].cond_shape)

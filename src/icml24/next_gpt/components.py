@@ -206,6 +206,13 @@ class JointEncoder(nn.Module):
         self.text_head = nn.Linear(embed_dim, embed_dim)
         self.logit_scale = math.log(1 / 0.07)
 
+    def input_shape(self, modality: str) -> tuple[int, ...]:
+        """Per-item input shape of ``modality`` (the conv encoders are built for the world's 16x16 grids)."""
+        return W.spec(modality).shape
+
+    def output_dim(self, modality: str) -> int:
+        return self.encoders[modality].net[-1].out_features
+
     def encode(self, modality: str, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.encoders[modality](x), dim=-1)
 

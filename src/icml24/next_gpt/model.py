@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from icml24.common.progress import progress
-from icml24.loraplus.lora import LoRALinear, apply_lora
+from icml24.loraplus.lora import LoRALinear  # one paper's layer reused as another's tool (LoRA on q/k/v/o)
 from icml24.next_gpt import world as W
 from icml24.next_gpt.components import Frozen, WordTokenizer
 
@@ -78,7 +79,113 @@ class NExTGPTConfig:
                 raise ValueError(f"{OWNER}: {name} must be >= 1, got {getattr(self, name)}")
 
     def signal_count(self, modality: str) -> int:
-        return dict(zip(self.modalities, self.n_signal))[modality]
+        return dict(zip(self.modalities, self.n_signal, strict=True))[modality]
+
+
+# ------------------------------------------------------------------------------------------------ frozen parts
+_CAUSAL_LM = ("the LLM must be a Hugging Face causal LM (a transformers PreTrainedModel with get_input_embeddings(), "
+              "get_output_embeddings() and output_hidden_states=True, e.g. LlamaForCausalLM or GPT2LMHeadModel)")
+
+
+def _is_conv1d(m: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2's fused projections: ``y = x W + b`` with ``W`` (n_in, n_out))."""
+    return type(m).__name__ == "Conv1D" and getattr(m, "weight", None) is not None and m.weight.ndim == 2
+
+
+def check_causal_lm(llm: Any) -> tuple[int, int]:
+    """Refuse an LLM NExT-GPT cannot drive, naming what is missing; returns (vocabulary, width).
+
+    Only the model's own API is used: ``get_input_embeddings()`` (the token rows the new rows extend),
+    ``get_output_embeddings()`` (the LM head whose width the new head rows share) and the forward's
+    ``inputs_embeds`` / ``output_hidden_states`` (read in :meth:`NExTGPT.hidden`).
+    """
+    for name in ("get_input_embeddings", "get_output_embeddings", "config"):
+        if not hasattr(llm, name):
+            raise TypeError(f"{OWNER}: {_CAUSAL_LM}; {type(llm).__name__} has no {name}")
+    emb, head = llm.get_input_embeddings(), llm.get_output_embeddings()
+    if getattr(emb, "weight", None) is None or emb.weight.ndim != 2:
+        raise TypeError(f"{OWNER}: {_CAUSAL_LM}; {type(llm).__name__}.get_input_embeddings() has no 2-D weight")
+    if head is None or getattr(head, "weight", None) is None:
+        raise TypeError(f"{OWNER}: {_CAUSAL_LM}; {type(llm).__name__}.get_output_embeddings() returns no LM head "
+                        "(a bare decoder such as LlamaModel? give the *ForCausalLM model)")
+    vocab, d = emb.weight.shape
+    if head.weight.shape[-1] != d:
+        raise ValueError(f"{OWNER}: the LM head reads width {head.weight.shape[-1]} but the input embeddings have "
+                         f"width {d}; the output projector adds signal-token embeddings to the last hidden states, "
+                         "so the two must match")
+    return int(vocab), int(d)
+
+
+def attention_projections(llm: nn.Module) -> list[str]:
+    """Names of the q/k/v/o projections of every decoder layer (the paper's LoRA targets), found through the
+    model's own structure: the decoder (``get_decoder()``, else ``base_model``), its ``nn.ModuleList`` of
+    ``config.num_hidden_layers`` blocks, in each block the self-attention module (a child named ``*attn*`` or
+    ``*attention*``, not cross-attention) and the ``nn.Linear`` / ``Conv1D`` layers inside it. Llama: ``q_proj,
+    k_proj, v_proj, o_proj``; GPT-2: the fused ``c_attn`` and ``attn.c_proj``. Raises ``ValueError`` naming the
+    step that found nothing."""
+    get_dec = getattr(llm, "get_decoder", None)
+    dec = get_dec() if callable(get_dec) else getattr(llm, "base_model", llm)
+    dec = llm if dec is None else dec
+    n = getattr(getattr(llm, "config", None), "num_hidden_layers", None)
+    lists = [(name, ml) for name, ml in dec.named_modules() if isinstance(ml, nn.ModuleList) and len(ml) == n]
+    if not lists:
+        raise ValueError(f"{OWNER}: found no decoder layers in {type(llm).__name__}: no nn.ModuleList of "
+                         f"config.num_hidden_layers = {n} blocks under its decoder {type(dec).__name__}; pass "
+                         "lora_targets=[...] (module names or suffixes) to NExTGPT")
+    prefix = next(name for name, m in llm.named_modules() if m is dec)
+    lname, layers = lists[0]
+    out = []
+    for i, layer in enumerate(layers):
+        for cname, child in layer.named_children():
+            low = cname.lower()
+            if ("attn" in low or "attention" in low) and "cross" not in low:
+                out += [".".join(x for x in (prefix, lname, str(i), cname, sub) if x)
+                        for sub, m in child.named_modules() if isinstance(m, nn.Linear) or _is_conv1d(m)]
+    if not out:
+        raise ValueError(f"{OWNER}: found no attention projections (nn.Linear or Conv1D inside a child named "
+                         f"'*attn*' / '*attention*' of each of the {n} decoder layers {prefix + '.' + lname}) in "
+                         f"{type(llm).__name__} for the stage-3 LoRA; pass lora_targets=[...] to NExTGPT")
+    return out
+
+
+class LoRAConv1D(nn.Module):
+    """LoRA on a frozen transformers ``Conv1D`` (``y = x W* + b``, W* (n_in, n_out)): ``y + (α/r) x Aᵀ Bᵀ`` with
+    peft's init (A ~ kaiming_uniform(a=√5), B = 0) and names (``lora_A`` (r, n_in), ``lora_B`` (n_out, r))."""
+
+    def __init__(self, base: nn.Module, *, r: int, alpha: float) -> None:
+        super().__init__()
+        self.base = base
+        for p in base.parameters():
+            p.requires_grad_(False)
+        n_in, n_out = base.weight.shape
+        w = base.weight
+        self.scaling = alpha / r
+        self.lora_A = nn.Parameter(torch.empty(r, n_in, device=w.device, dtype=w.dtype))
+        self.lora_B = nn.Parameter(torch.zeros(n_out, r, device=w.device, dtype=w.dtype))
+        nn.init.kaiming_uniform_(self.lora_A, a=5 ** 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.lora_A.T @ self.lora_B.T) * self.scaling
+
+
+def encoder_width(encoder: Any, modality: str) -> int:
+    """Width D of the frozen encoder's output for ``modality``: ``encoder.output_dim(modality)`` if it says, else
+    measured on a zero input of ``encoder.input_shape(modality)`` (any output (n, D) or (n, ..., D))."""
+    if callable(getattr(encoder, "output_dim", None)):
+        return int(encoder.output_dim(modality))
+    shape = encoder_input_shape(encoder, modality)
+    if shape is None:
+        raise ValueError(f"{OWNER}: cannot tell the width of the {type(encoder).__name__} output for {modality!r}: "
+                         "give the encoder output_dim(modality) or input_shape(modality)")
+    with torch.no_grad():
+        z = encoder.encode(modality, torch.zeros(1, *shape))
+    return int(z.shape[-1])
+
+
+def encoder_input_shape(encoder: Any, modality: str) -> tuple[int, ...] | None:
+    """The per-item input shape the encoder declares (``input_shape(modality)``), or None (any: it judges)."""
+    f = getattr(encoder, "input_shape", None)
+    return tuple(int(n) for n in f(modality)) if callable(f) else None
 
 
 # ------------------------------------------------------------------------------------------------ parts
@@ -143,12 +250,24 @@ class NExTGPT(nn.Module):
     the LoRA factors are trainable; the LLM, encoder and decoders stay bit-identical.
     """
 
-    def __init__(self, *, frozen: Frozen, config: NExTGPTConfig, seed: int = 0) -> None:
+    def __init__(self, *, frozen: Frozen, config: NExTGPTConfig, seed: int = 0,
+                 lora_targets: Sequence[str] | None = None) -> None:
         super().__init__()
+        enc = frozen.encoder
+        if not callable(getattr(enc, "encode", None)):
+            raise TypeError(f"{OWNER}: the frozen encoder must have encode(modality, x) -> (n, D) or (n, ..., D); "
+                            f"{type(enc).__name__} has none")
+        covered = getattr(enc, "encoders", None) or getattr(enc, "modalities", None)
         for m in config.modalities:
-            if m not in frozen.decoders or m not in frozen.encoder.encoders:
+            if m not in frozen.decoders or (covered is not None and m not in covered):
                 raise ValueError(f"{OWNER}: modality {m!r} has no frozen encoder/decoder; frozen parts cover "
-                                 f"{sorted(frozen.decoders)}")
+                                 f"decoders {sorted(frozen.decoders)}, encoder {sorted(covered or [])}")
+        base_vocab, d = check_causal_lm(frozen.llm)
+        widths = {m: encoder_width(enc, m) for m in config.modalities}
+        if len(set(widths.values())) > 1:
+            raise ValueError(f"{OWNER}: the input projection is shared by every modality (paper: one llama_proj on "
+                             f"ImageBind's joint space), but the encoder's output widths differ: {widths}")
+        targets = self._lora_targets(frozen.llm, lora_targets)  # refused here, before any stage runs
         self.config = config
         self.frozen = frozen
         self.frozen_config = frozen.cfg
@@ -157,7 +276,8 @@ class NExTGPT(nn.Module):
         for p in self.llm.parameters():
             p.requires_grad_(False)
         self.tok: WordTokenizer = copy.deepcopy(frozen.tok)
-        self.base_vocab = self.llm.get_input_embeddings().weight.shape[0]
+        self.base_vocab = base_vocab
+        self.lora_targets = targets
         if len(self.tok) != self.base_vocab:
             raise ValueError(f"{OWNER}: tokenizer has {len(self.tok)} tokens but the LLM's embedding has "
                              f"{self.base_vocab} rows")
@@ -166,13 +286,12 @@ class NExTGPT(nn.Module):
             t = W.spec(m).tag
             new += [f"<{t}>", f"</{t}>"] + [f"[{t.upper()}{i}]" for i in range(config.signal_count(m))]
         self.tok.add_tokens(new)
-        d = self.llm.config.hidden_size
         self.d_llm = d
         base = self.llm.get_input_embeddings().weight
         std = float(base.std())
         self.new_embed = nn.Parameter(torch.randn(len(new), d) * std)
         self.new_head = nn.Parameter(torch.randn(len(new), d) * 0.02)
-        self.input_proj = nn.Linear(frozen.cfg.embed_dim, d)
+        self.input_proj = nn.Linear(next(iter(widths.values())), d)
         self.output_projectors = nn.ModuleDict()
         for m in config.modalities:
             n_c, d_c = frozen.decoders[m].cond_shape
@@ -189,12 +308,29 @@ class NExTGPT(nn.Module):
         self.stage = 0
 
     # ---------------------------------------------------------------- parameters
+    @staticmethod
+    def _lora_targets(llm: nn.Module, names: Sequence[str] | None) -> list[str]:
+        if names is None:
+            return attention_projections(llm)
+        found = [n for n, m in llm.named_modules() if (isinstance(m, nn.Linear) or _is_conv1d(m))
+                 and any(n == t or n.endswith("." + t) for t in names)]
+        if not found:
+            raise ValueError(f"{OWNER}: lora_targets {list(names)} match no nn.Linear / Conv1D of "
+                             f"{type(llm).__name__}")
+        return found
+
     def enable_lora(self) -> None:
-        """Wrap q/k/v/o projections of every LLM attention layer with LoRA (stage 3)."""
+        """Wrap the q/k/v/o projections of every LLM decoder layer (:attr:`lora_targets`) with LoRA (stage 3)."""
         if self.lora_enabled:
             return
-        apply_lora(self.llm, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], r=self.config.lora_rank,
-                   alpha=self.config.lora_alpha)
+        for name in self.lora_targets:  # in module order: the same draws as apply_lora on the same targets
+            parent, _, child = name.rpartition(".")
+            owner = self.llm.get_submodule(parent) if parent else self.llm
+            base = getattr(owner, child)
+            wrapped = (LoRALinear(base, r=self.config.lora_rank, alpha=self.config.lora_alpha)
+                       if isinstance(base, nn.Linear) else
+                       LoRAConv1D(base, r=self.config.lora_rank, alpha=self.config.lora_alpha))
+            setattr(owner, child, wrapped)
         self.lora_enabled = True
 
     def trainable_names(self, stage: int) -> list[str]:
@@ -305,13 +441,19 @@ class NExTGPT(nn.Module):
         return torch.where(is_new[..., None], self.new_embed[(ids - self.base_vocab).clamp(min=0)], e)
 
     def encode_media(self, items: list[Media]) -> torch.Tensor:
-        """Frozen joint encoder + input projection: one LLM token per item, (n, d_llm)."""
+        """Frozen encoder + input projection: one LLM token per item, (n, d_llm). An encoder output (n, ..., D)
+        with token axes is averaged over them first (the paper's ImageBind gives one pooled embedding per item)."""
         out = torch.zeros(len(items), self.d_llm)
         for m in sorted({it.modality for it in items}):
             idx = [i for i, it in enumerate(items) if it.modality == m]
             x = torch.stack([self._media_tensor(items[i]) for i in idx])
             with torch.no_grad():
                 z = self.frozen.encoder.encode(m, x)
+            if z.ndim > 2:  # NOTE(deviation): token outputs (ViT patches, ...) mean-pooled to one item embedding
+                z = z.flatten(1, -2).mean(1)
+            if z.ndim != 2 or z.shape != (len(idx), self.input_proj.in_features):
+                raise ValueError(f"{OWNER}: the {m} encoder returned {tuple(z.shape)}, want ({len(idx)}, "
+                                 f"{self.input_proj.in_features}) or ({len(idx)}, ..., {self.input_proj.in_features})")
             out[idx] = self.input_proj(z)
         return out
 
@@ -319,29 +461,35 @@ class NExTGPT(nn.Module):
         if it.modality not in self.config.modalities:
             raise ValueError(f"{OWNER}: unsupported modality {it.modality!r}; this model handles "
                              f"{list(self.config.modalities)}")
-        s = W.spec(it.modality)
+        shape = encoder_input_shape(self.frozen.encoder, it.modality)  # None: the encoder takes any shape
         x = it.data
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{OWNER}: {it.modality} data must be a torch.Tensor, got {type(x).__name__}")
-        if it.modality == "audio" and x.ndim == 1:
+        mel = it.modality == "audio" and shape == W.spec("audio").shape  # the world's log-mel encoder
+        if mel and x.ndim == 1:
             if it.sample_rate != W.SAMPLE_RATE:
                 raise ValueError(f"{OWNER}: audio sample_rate must be {W.SAMPLE_RATE} Hz (mono waveform), "
                                  f"got {it.sample_rate}")
             x = W.log_mel(x.float())
-        if tuple(x.shape) != s.shape:
-            want = f"{s.shape} (log-mel) or a mono waveform (n,) at {W.SAMPLE_RATE} Hz" if it.modality == "audio" \
-                else f"{s.shape}"
-            raise ValueError(f"{OWNER}: {it.modality} input must have shape {want}, got {tuple(x.shape)}")
+        if shape is not None and tuple(x.shape) != shape:
+            want = f"{shape} (log-mel) or a mono waveform (n,) at {W.SAMPLE_RATE} Hz" if mel else f"{shape}"
+            raise ValueError(f"{OWNER}: {it.modality} input must have shape {want} (the encoder's input_shape), "
+                             f"got {tuple(x.shape)}")
         return x.float()
 
     def hidden(self, embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """LLM last-layer hidden states (B, L, d) and logits over base + new tokens (B, L, V')."""
+        """LLM hidden states at ``layer_idx`` (B, L, d) and logits over base + new tokens (B, L, V'), from the
+        causal LM's own forward: its logits for the base vocabulary, ``hidden_states[-1]`` (the states its LM head
+        reads) times the new head rows for the new tokens."""
         pos = (mask.cumsum(1) - 1).clamp(min=0)
-        out = self.llm.model(inputs_embeds=embeds, attention_mask=mask, position_ids=pos,
-                             output_hidden_states=self.config.layer_idx != -1)
-        h = out.last_hidden_state if self.config.layer_idx == -1 else out.hidden_states[self.config.layer_idx]
-        logits = torch.cat([self.llm.lm_head(out.last_hidden_state), out.last_hidden_state @ self.new_head.T], -1)
-        return h, logits
+        out = self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, output_hidden_states=True)
+        hs, base_logits = getattr(out, "hidden_states", None), getattr(out, "logits", None)
+        if hs is None or base_logits is None:
+            raise TypeError(f"{OWNER}: {_CAUSAL_LM}; {type(self.llm).__name__}'s forward returned no "
+                            f"{'hidden_states' if hs is None else 'logits'}")
+        last = hs[-1]
+        logits = torch.cat([base_logits, last @ self.new_head.T], -1)
+        return (last if self.config.layer_idx == -1 else hs[self.config.layer_idx]), logits
 
     def project(self, modality: str, h_sig: torch.Tensor, sig_ids: torch.Tensor) -> torch.Tensor:
         """Output projection of one modality: ``(h_sig + e_sig)`` (B, n_sig, d) -> (B, N_c, D_c)."""
@@ -399,7 +547,7 @@ class NExTGPT(nn.Module):
         ids_t = torch.zeros(len(seqs), L, dtype=torch.long)
         lab_t = torch.full((len(seqs), L), -100, dtype=torch.long)
         mask = torch.zeros(len(seqs), L, dtype=torch.long)
-        for i, (s, lb) in enumerate(zip(seqs, labs)):
+        for i, (s, lb) in enumerate(zip(seqs, labs, strict=True)):
             ids_t[i, :len(s)], lab_t[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), torch.tensor(lb), 1
         return {"ids": ids_t, "labels": lab_t, "mask": mask, "media": media, "spans": spans}
 
@@ -549,7 +697,7 @@ class NExTGPT(nn.Module):
         for m, items in conds.items():
             c = torch.stack([x for _, x in items])
             x = self.frozen.decoders[m].generate(c, guidance_scale=guidance_scale, steps=ddim_steps, seed=seed)
-            for (i, ci), xi in zip(items, x):
+            for (i, ci), xi in zip(items, x, strict=True):
                 gens[i].media[m] = xi
                 gens[i].conditions[m] = ci
         return gens
@@ -559,7 +707,8 @@ class NExTGPT(nn.Module):
                  seed: int = 0) -> Generation:
         """Any-to-any: ``inputs`` are one human turn's text and media items (at most one media item, as in the
         paper's one-projected-token-per-item prompt; several items of one modality are averaged); returns the
-        answer text and any generated media (image (3,16,16), video (12,16,16), audio log-mel (1,16,16))."""
+        answer text and any generated media (the decoders' shapes; the world's: image (3,16,16), video (12,16,16),
+        audio log-mel (1,16,16)). Media inputs must have the shape the encoder declares (``input_shape``)."""
         if isinstance(inputs, (str, Media)):
             inputs = [inputs]
         texts = [x for x in inputs if isinstance(x, str)]

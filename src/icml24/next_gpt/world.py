@@ -59,7 +59,7 @@ class ModalitySpec:
         return tuple(a for a, _ in self.attrs)
 
     def combos(self) -> list[dict[str, str]]:
-        return [dict(zip(self.attr_names, vals)) for vals in itertools.product(*(v for _, v in self.attrs))]
+        return [dict(zip(self.attr_names, vals, strict=True)) for vals in itertools.product(*(v for _, v in self.attrs))]
 
     def caption(self, a: dict[str, str]) -> str:
         if self.name == "image":
