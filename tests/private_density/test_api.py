@@ -305,7 +305,8 @@ def test_bad_arguments_raise_value_error(make, match):
         make()
 
 
-@pytest.mark.parametrize("x,match", [(np.zeros((0, 1)), "non-empty"), (np.zeros((2, 2, 2)), "non-empty")])
+@pytest.mark.parametrize("x,match", [(np.zeros((0, 1)), r"0 sample\(s\)"), (np.zeros((2, 2, 2)), "non-empty"),
+                                     (np.zeros((3, 0)), r"0 feature\(s\)")])
 def test_bad_data_raises_before_compute(x, match):
     for est in (PrivateProjectionDensity(cutoff=2, privacy=ZCDP(1.0)), PrivateLepskiiDensity(privacy=ZCDP(1.0))):
         with pytest.raises(ValueError, match=match):

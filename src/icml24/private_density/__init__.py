@@ -2,6 +2,10 @@
 
 from icml24.private_density.projection import (
     CALIBRATED_KAPPA_PRIV,
+    DEFAULT_DENSITY_FLOOR,
+    MAX_BASIS_SIZE,
+    SKLEARN_CHECK_SKIPS,
+    SKLEARN_CHECK_SKIPS_BASIS,
     ZCDP,
     ApproxDP,
     Privacy,
@@ -10,6 +14,8 @@ from icml24.private_density.projection import (
     PureDP,
     ReproducibleNoiseWarning,
     TrigDensity,
+    basis_size,
+    check_basis_size,
     clip_to_cube,
     cube_index_set,
     dyadic_cutoffs,
@@ -44,4 +50,10 @@ __all__ = [
     "dyadic_cutoffs",
     "ReproducibleNoiseWarning",
     "CALIBRATED_KAPPA_PRIV",
+    "DEFAULT_DENSITY_FLOOR",
+    "MAX_BASIS_SIZE",
+    "basis_size",
+    "check_basis_size",
+    "SKLEARN_CHECK_SKIPS",
+    "SKLEARN_CHECK_SKIPS_BASIS",
 ]

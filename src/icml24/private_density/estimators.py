@@ -11,15 +11,20 @@ from sklearn.base import BaseEstimator
 
 from icml24.common import validate as v
 from icml24.private_density.basis import (
+    _BLOCK,
     _P,
+    MAX_BASIS_SIZE,
     _as_array,
+    _as_points,
+    _basis_matrix,
     _check_index_set,
     _check_points,
-    _check_private_points,
     _nnz,
+    check_basis_size,
+    clip_to_cube,
     cube_index_set,
     empirical_coefficients,
-    trig_basis,
+    grid_values,
 )
 from icml24.private_density.densities import _coef_dict
 from icml24.private_density.privacy import (
@@ -34,7 +39,35 @@ from icml24.private_density.privacy import (
     privatize_coefficients,
 )
 
-__all__ = ["CALIBRATED_KAPPA_PRIV", "PrivateProjectionDensity", "PrivateLepskiiDensity", "dyadic_cutoffs"]
+__all__ = ["CALIBRATED_KAPPA_PRIV", "DEFAULT_DENSITY_FLOOR", "SKLEARN_CHECK_SKIPS", "SKLEARN_CHECK_SKIPS_BASIS",
+           "PrivateProjectionDensity", "PrivateLepskiiDensity", "dyadic_cutoffs"]
+
+DEFAULT_DENSITY_FLOOR = 1e-3
+"""Default ``density_floor`` eta: the renormalised projection is max(f_tilde - c, eta), so a held-out point's
+log-density is at least log(1e-3) = -6.9 (uniform density: 0) instead of -inf."""
+
+SKLEARN_CHECK_SKIPS = {
+    "check_estimators_nan_inf":
+        "X holds private records: NaN / inf entries are mapped by clip_to_cube (non-finite -> 1/2, then clipped "
+        "to [0,1]^d) instead of raising, since an exception would itself release a property of a record "
+        "(DESIGN, private data)",
+    "check_fit1d":
+        "a 1-D X is documented as n points in d = 1 (the paper's one-dimensional case), not refused",
+}
+"""``expected_failed_checks`` for ``sklearn.utils.estimator_checks.check_estimator`` on both estimators
+(with a basis that fits the 10-feature data of some checks, e.g. ``cutoff=1``; see
+:data:`SKLEARN_CHECK_SKIPS_BASIS`)."""
+
+SKLEARN_CHECK_SKIPS_BASIS = {
+    "check_n_features_in_after_fitting": "4 features: K_16 in d = 4 has 33^4 = 1185921 coefficients > max_basis_size",
+    "check_positive_only_tag_during_fit": "4 features: K_16 in d = 4 is refused by max_basis_size",
+    "check_estimators_dtypes": "5 features: K_16 in d = 5 has 33^5 = 39135393 coefficients > max_basis_size",
+    "check_dtype_object": "10 features: K_16 in d = 10 has 33^10 coefficients > max_basis_size",
+    "check_fit2d_1sample": "10 features: K_16 in d = 10 has 33^10 coefficients > max_basis_size",
+}
+"""The further skips of ``PrivateLepskiiDensity()`` at its default ``max_cutoff=16``: those checks fit data with
+4 to 10 features, and K_16 in d >= 4 is refused before any compute (a ``ValueError`` naming the size and the
+limit). With ``max_cutoff=1`` (K_1, 3^d coefficients) only :data:`SKLEARN_CHECK_SKIPS` remain."""
 
 CALIBRATED_KAPPA_PRIV = 2.0
 """Default kappa_2 of :class:`PrivateLepskiiDensity`: chosen once by ``experiment.calibrate_kappa_priv`` on a
@@ -52,10 +85,19 @@ def _check_device(device: str) -> None:
 class _ProjectionBase(BaseEstimator):
     coefficients_: np.ndarray
     index_set_: np.ndarray
+    density_floor: float
+    max_basis_size: int
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "coefficients_"):
             raise RuntimeError(f"{_P}: call fit(X) first")
+
+    def _validate_common(self) -> None:
+        v.in_range(_P, "density_floor", self.density_floor, 0.0, 1.0, high_open=True)
+        v.integer(_P, "max_basis_size", self.max_basis_size, minimum=1)
+
+    def _floor(self) -> float:
+        return float(v.in_range(_P, "density_floor", self.density_floor, 0.0, 1.0, high_open=True))
 
     def pdf(self, x: object, *, clip: bool = False) -> np.ndarray:
         """f_tilde(x) = sum_k theta_tilde_k phi_k(x) at points ``(m, d)`` in [0,1]^d (the raw projection; it can
@@ -67,42 +109,54 @@ class _ProjectionBase(BaseEstimator):
         self._check_fitted()
         pts = _check_points(x, dim=self.index_set_.shape[1])
         out = np.empty(pts.shape[0])
-        for s in range(0, pts.shape[0], 16384):
-            out[s:s + 16384] = trig_basis(pts[s:s + 16384], index_set=self.index_set_) @ self.coefficients_
+        rows = max(1, min(16384, _BLOCK // self.index_set_.shape[0]))  # a block of the basis <= _BLOCK floats
+        for s in range(0, pts.shape[0], rows):
+            out[s:s + rows] = _basis_matrix(pts[s:s + rows], self.index_set_) @ self.coefficients_
         return np.maximum(out, 0.0) if clip else out
 
-    def _grid(self) -> np.ndarray:
+    def _grid_size(self) -> int:
         d = self.index_set_.shape[1]
         nmax = int(np.abs(self.index_set_).max())
         m = max(4 * nmax + 4, 32)
-        m = max(min(m, int(2 ** (20 / d))), 2 * nmax + 2)  # <= ~2^20 points unless the basis needs more
+        return max(min(m, int(2 ** (20 / d))), 2 * nmax + 2)  # <= ~2^20 points unless the basis needs more
+
+    def _grid(self) -> np.ndarray:
+        d = self.index_set_.shape[1]
+        m = self._grid_size()
         g = (np.arange(m) + 0.5) / m
         mesh = np.meshgrid(*([g] * d), indexing="ij")
         return np.stack([t.reshape(-1) for t in mesh], axis=1)
 
+    def _grid_values(self) -> np.ndarray:
+        """f_tilde on :meth:`_grid` (same order), by one FFT (:func:`~icml24.private_density.basis.grid_values`)."""
+        return grid_values(self.index_set_, self.coefficients_, self._grid_size())
+
     def density_shift(self) -> float:
-        """c of the non-negative renormalised projection f_plus = max(f_tilde - c, 0) (see :meth:`density`)."""
+        """c of the renormalised projection with a floor, f_eta = max(f_tilde - c, eta) (see :meth:`density`)."""
         self._check_fitted()
-        if getattr(self, "_shift_for", None) is not self.coefficients_:
-            vals = self.pdf(self._grid())
-            # int max(f - c, 0) is decreasing in c; midpoint rule on the grid, bisection on c
-            lo, hi = float(vals.min()) - 1.0, float(vals.max())
-            for _ in range(200):
-                mid = 0.5 * (lo + hi)
-                if np.maximum(vals - mid, 0.0).mean() > 1.0:
-                    lo = mid
-                else:
-                    hi = mid
-            self._shift, self._shift_for = 0.5 * (lo + hi), self.coefficients_
+        eta = self._floor()
+        key = getattr(self, "_shift_for", None)
+        if key is None or key[0] is not self.coefficients_ or key[1] != eta:
+            # mean_grid max(f - c, eta) = 1 (midpoint rule), i.e. sum_j max(u_j - c, 0) = M (1 - eta) with
+            # u = f - eta (as max(f - c, eta) = eta + max(u - c, 0)): the simplex-projection threshold, exact
+            # from the sorted grid values
+            u = np.sort(self._grid_values())[::-1] - eta
+            m = u.shape[0]
+            thr = (np.cumsum(u) - m * (1.0 - eta)) / np.arange(1, m + 1)
+            j = int(np.flatnonzero(u - thr > 0)[-1])
+            self._shift, self._shift_for = float(thr[j]), (self.coefficients_, eta)
         return self._shift
 
     def density(self, x: object) -> np.ndarray:
-        """The renormalised non-negative projection f_plus(x) = max(f_tilde(x) - c, 0), with c such that
-        int f_plus = 1: the L2 projection of f_tilde onto the densities on [0,1]^d, so ||f_plus - f||_2 <=
-        ||f_tilde - f||_2 for every density f (projection onto a convex set). c is found by bisection with the
-        integral computed by the midpoint rule on a regular grid (exact for f_tilde itself when the grid has
-        more than 2N points per axis; approximate for the positive part). Post-processing: no privacy cost.
-        Points outside [0,1]^d get density 0.
+        """The renormalised non-negative projection with a floor, f_eta(x) = max(f_tilde(x) - c, eta), with
+        eta = ``density_floor`` and c such that int f_eta = 1: the L2 projection of f_tilde onto the densities
+        on [0,1]^d bounded below by eta (a convex set), so ||f_eta - f||_2 <= ||f_tilde - f||_2 for every
+        density f >= eta. eta = 0 gives the plain non-negative projection f_plus = max(f_tilde - c, 0), which is
+        0 on a region of positive measure as soon as f_tilde dips below c (so a held-out point there has
+        log-density -inf); eta > 0 keeps the log-density >= log(eta) on the whole cube. c is found by
+        bisection, with the integral by the midpoint rule on a regular grid of m > 2N points per axis (exact
+        for f_tilde itself, approximate for the clipped function; f_tilde is evaluated there by one FFT).
+        Post-processing: no privacy cost. Points outside [0,1]^d get density 0 (the support is the cube).
 
         Args:
             x: points ``(m, d)``; public (NaN raises).
@@ -112,29 +166,35 @@ class _ProjectionBase(BaseEstimator):
         a = _as_array(x)
         if a.ndim == 1 and d == 1:
             a = a[:, None]
-        if a.ndim != 2 or a.shape[1] != d:
+        if a.ndim != 2:
             raise ValueError(f"{_P}: x must be an (m, {d}) array, got shape {np.shape(x)}")
+        if a.shape[1] != d:
+            raise ValueError(f"{_P}: X has {a.shape[1]} features, but {type(self).__name__} is expecting {d} "
+                             f"features as input")
         if np.isnan(a).any():
             raise ValueError(f"{_P}: x contains NaN")
         inside = np.all((a >= 0.0) & (a <= 1.0), axis=1)
         out = np.zeros(a.shape[0])
         if inside.any():
-            out[inside] = np.maximum(self.pdf(a[inside]) - self.density_shift(), 0.0)
+            out[inside] = np.maximum(self.pdf(a[inside]) - self.density_shift(), self._floor())
         return out
 
     def score_samples(self, X: object) -> np.ndarray:
-        """log f_plus(x) of the renormalised non-negative projection (:meth:`density`), as
-        ``sklearn.neighbors.KernelDensity.score_samples``; -inf where f_plus = 0 (e.g. outside [0,1]^d)."""
+        """log f_eta(x) of the renormalised projection with a floor (:meth:`density`), as
+        ``sklearn.neighbors.KernelDensity.score_samples``: finite (>= log ``density_floor``) at every point of
+        [0,1]^d when ``density_floor > 0`` (the default), so ``GridSearchCV`` / ``cross_val_score`` can compare
+        cutoffs; -inf outside [0,1]^d (and where f_plus = 0 if ``density_floor=0``). Scoring held-out private
+        records reads them: a cutoff chosen by cross-validation is not covered by the privacy guarantee."""
         with np.errstate(divide="ignore"):
             return np.log(self.density(X))
 
     def score(self, X: object, y: object = None) -> float:
-        """Total log-likelihood sum_i log f_plus(x_i) (sklearn convention; -inf if a point has density 0)."""
+        """Total log-likelihood sum_i log f_eta(x_i) (sklearn convention; -inf if a point is outside [0,1]^d)."""
         return float(np.sum(self.score_samples(X)))
 
     def sample(self, n_samples: int = 1, random_state: object = None) -> np.ndarray:
-        """Draws from f_plus (:meth:`density`) by rejection from the uniform proposal, with the certified envelope
-        sup f_plus <= sum_k |theta_tilde_k| sup|phi_k| - c. Post-processing: no privacy cost.
+        """Draws from f_eta (:meth:`density`) by rejection from the uniform proposal, with the certified envelope
+        sup f_eta <= max(sum_k |theta_tilde_k| sup|phi_k| - c, eta). Post-processing: no privacy cost.
 
         Args:
             n_samples: number of draws >= 1.
@@ -149,13 +209,14 @@ class _ProjectionBase(BaseEstimator):
         k = self.index_set_
         d = k.shape[1]
         c = self.density_shift()
-        bound = float(np.sum(np.abs(self.coefficients_) * 2.0 ** (_nnz(k) / 2.0))) - c
+        eta = self._floor()
+        bound = max(float(np.sum(np.abs(self.coefficients_) * 2.0 ** (_nnz(k) / 2.0))) - c, eta)
         out = [np.empty((0, d))]
         have = 0
         while have < n:
             m = int(min(max(1.2 * bound * (n - have), 256), 1 << 20))
             prop = rng.random((m, d))
-            fp = np.maximum(self.pdf(prop) - c, 0.0)
+            fp = np.maximum(self.pdf(prop) - c, eta)
             keep = prop[rng.random(m) * bound <= fp]
             out.append(keep)
             have += keep.shape[0]
@@ -195,6 +256,12 @@ class PrivateProjectionDensity(_ProjectionBase):
             so successive fits draw new noise) or an int seed (every fit draws the same noise:
             :class:`ReproducibleNoiseWarning`, for experiments only).
         device: "cpu" only (NumPy).
+        density_floor: eta in [0, 1), the floor of the renormalised projection max(f_tilde - c, eta) behind
+            :meth:`density`, ``score_samples``, ``score`` and ``sample`` (default
+            :data:`DEFAULT_DENSITY_FLOOR` = 1e-3: log-densities stay finite on the cube). Post-processing only.
+        max_basis_size: the largest (2N + 1)^d (N = max |k| for an ``index_set``: its bounding cube) that
+            :meth:`fit` accepts; a larger basis raises a ``ValueError`` naming both numbers before any compute
+            (default :data:`~icml24.private_density.basis.MAX_BASIS_SIZE` = 2^20; README, "Cost").
 
     A scikit-learn estimator (``get_params``, ``set_params``, ``clone``); the arguments are validated in
     :meth:`fit`. Besides ``pdf`` (the raw projection) it offers the renormalised non-negative projection
@@ -209,13 +276,16 @@ class PrivateProjectionDensity(_ProjectionBase):
     """
 
     def __init__(self, *, cutoff: int | None = None, index_set: object | None = None,
-                 privacy: Privacy | None = None, random_state: object = None, device: str = "cpu") -> None:
+                 privacy: Privacy | None = None, random_state: object = None, device: str = "cpu",
+                 density_floor: float = DEFAULT_DENSITY_FLOOR, max_basis_size: int = MAX_BASIS_SIZE) -> None:
         # scikit-learn convention: store the arguments unchanged, validate them in fit (get_params / clone)
         self.cutoff = cutoff
         self.index_set = index_set
         self.privacy = privacy
         self.random_state = random_state
         self.device = device
+        self.density_floor = density_floor
+        self.max_basis_size = max_basis_size
 
     def _validate_params(self) -> None:
         if (self.cutoff is None) == (self.index_set is None):
@@ -227,24 +297,34 @@ class PrivateProjectionDensity(_ProjectionBase):
         _check_privacy(self.privacy, allow_none=True)
         _check_device(self.device)
         _rng(self.random_state)
+        self._validate_common()
 
     def fit(self, X: object, y: object = None) -> PrivateProjectionDensity:
         """Fit on private samples ``X`` of shape ``(n, d)``; rows go through :func:`clip_to_cube` (non-finite
         entries -> 1/2, then clipped to [0,1]^d), so no exception depends on a private value. The parameters
-        are validated first (before any computation). ``y`` is ignored (scikit-learn API).
+        and the basis size (from the public cutoff and d) are validated first (before any computation). ``y``
+        is ignored (scikit-learn API).
+
+        Raises:
+            ValueError: (2N + 1)^d > ``max_basis_size`` (a public-parameter check, before any compute).
 
         Warns:
             ReproducibleNoiseWarning: ``privacy`` is set and ``random_state`` is a fixed int.
         """
         self._validate_params()
-        pts = _check_private_points(X, "X")
-        rng = _fit_rng("PrivateProjectionDensity", self.random_state, self.privacy)
+        pts = _as_points(X, "X", None)  # shape only (public)
         n, d = pts.shape
+        if self.cutoff is not None:
+            check_basis_size(cutoff=self.cutoff, dim=d, max_basis_size=self.max_basis_size)
+        else:
+            k = _check_index_set(self.index_set, d)
+            check_basis_size(cutoff=int(np.abs(k).max()), dim=d, max_basis_size=self.max_basis_size)
+        pts = clip_to_cube(pts)
+        rng = _fit_rng("PrivateProjectionDensity", self.random_state, self.privacy)
         if self.cutoff is not None:
             k = cube_index_set(cutoff=self.cutoff, dim=d)
             theta_hat = empirical_coefficients(pts, cutoff=self.cutoff)
         else:
-            k = _check_index_set(self.index_set, d)
             theta_hat = empirical_coefficients(pts, index_set=k)
         self.index_set_ = k
         self.n_samples_ = n
@@ -308,6 +388,9 @@ class PrivateLepskiiDensity(_ProjectionBase):
         random_state: ``None`` (fresh OS entropy: the choice for a real release), a numpy Generator, or an int
             seed (every fit draws the same noise: :class:`ReproducibleNoiseWarning`, for experiments only).
         device: "cpu" only.
+        density_floor: eta of :meth:`density` as in :class:`PrivateProjectionDensity` (default 1e-3).
+        max_basis_size: the largest (2 N_max + 1)^d that :meth:`fit` accepts (default 2^20; the default
+            ``max_cutoff=16`` allows d <= 3); a larger family raises a ``ValueError`` before any compute.
 
     A scikit-learn estimator (``get_params``, ``set_params``, ``clone``); arguments are validated in
     :meth:`fit`. Fitted: ``cutoffs_`` (the family), ``budget_weights_`` (normalised), ``cutoff_``,
@@ -318,7 +401,8 @@ class PrivateLepskiiDensity(_ProjectionBase):
     def __init__(self, *, privacy: Privacy, cutoffs: Sequence[int] | None = None, max_cutoff: int = 16,
                  scheme: Literal["shell", "independent"] = "shell", kappa_stat: float = 1.0,
                  kappa_priv: float = CALIBRATED_KAPPA_PRIV, budget_weights: Sequence[float] | None = None,
-                 random_state: object = None, device: str = "cpu") -> None:
+                 random_state: object = None, device: str = "cpu", density_floor: float = DEFAULT_DENSITY_FLOOR,
+                 max_basis_size: int = MAX_BASIS_SIZE) -> None:
         # scikit-learn convention: store the arguments unchanged, validate them in fit (get_params / clone)
         self.privacy = privacy
         self.cutoffs = cutoffs
@@ -329,6 +413,8 @@ class PrivateLepskiiDensity(_ProjectionBase):
         self.budget_weights = budget_weights
         self.random_state = random_state
         self.device = device
+        self.density_floor = density_floor
+        self.max_basis_size = max_basis_size
 
     def _validate_params(self) -> None:
         """Check every argument; sets ``cutoffs_`` (the family) and ``budget_weights_`` (normalised)."""
@@ -357,18 +443,25 @@ class PrivateLepskiiDensity(_ProjectionBase):
             w = w / w.sum()
         _check_device(self.device)
         _rng(self.random_state)
+        self._validate_common()
         self.cutoffs_ = cut
         self.budget_weights_ = w
 
     def fit(self, X: object, y: object = None) -> PrivateLepskiiDensity:
         """Release the family privately from private samples ``(n, d)`` (rows through :func:`clip_to_cube`)
-        and select the cutoff. Parameters are validated first; ``y`` is ignored (scikit-learn API).
+        and select the cutoff. Parameters and the basis size (2 N_max + 1)^d are validated first; ``y`` is
+        ignored (scikit-learn API).
+
+        Raises:
+            ValueError: (2 N_max + 1)^d > ``max_basis_size`` (a public-parameter check, before any compute).
 
         Warns:
             ReproducibleNoiseWarning: ``random_state`` is a fixed int.
         """
         self._validate_params()
-        pts = _check_private_points(X, "X")
+        pts = _as_points(X, "X", None)  # shape only (public)
+        check_basis_size(cutoff=self.cutoffs_[-1], dim=pts.shape[1], max_basis_size=self.max_basis_size)
+        pts = clip_to_cube(pts)
         return self._fit_coefficients(empirical_coefficients(pts, cutoff=self.cutoffs_[-1]), n=pts.shape[0],
                                       dim=pts.shape[1])
 
@@ -386,6 +479,7 @@ class PrivateLepskiiDensity(_ProjectionBase):
         n = v.integer(_P, "n", n, minimum=1)
         d = v.integer(_P, "dim", dim, minimum=1)
         nmax = self.cutoffs_[-1]
+        check_basis_size(cutoff=nmax, dim=d, max_basis_size=self.max_basis_size)
         kmax = cube_index_set(cutoff=nmax, dim=d)
         theta_hat = np.asarray(theta_hat, dtype=np.float64).reshape(-1)
         if theta_hat.shape[0] != kmax.shape[0]:

@@ -20,6 +20,9 @@ re-exports their public names, so ``from icml24.private_density.projection impor
 from __future__ import annotations
 
 from icml24.private_density.basis import (
+    MAX_BASIS_SIZE,
+    basis_size,
+    check_basis_size,
     clip_to_cube,
     cube_index_set,
     empirical_coefficients,
@@ -32,6 +35,9 @@ from icml24.private_density.densities import (
 )
 from icml24.private_density.estimators import (
     CALIBRATED_KAPPA_PRIV,
+    DEFAULT_DENSITY_FLOOR,
+    SKLEARN_CHECK_SKIPS,
+    SKLEARN_CHECK_SKIPS_BASIS,
     PrivateLepskiiDensity,
     PrivateProjectionDensity,
     dyadic_cutoffs,
@@ -69,4 +75,10 @@ __all__ = [
     "clip_to_cube",
     "ReproducibleNoiseWarning",
     "CALIBRATED_KAPPA_PRIV",
+    "DEFAULT_DENSITY_FLOOR",
+    "MAX_BASIS_SIZE",
+    "basis_size",
+    "check_basis_size",
+    "SKLEARN_CHECK_SKIPS",
+    "SKLEARN_CHECK_SKIPS_BASIS",
 ]
