@@ -116,7 +116,9 @@ class _MoLALayer(nn.Module):
                 "This happens under torch.utils.checkpoint(..., use_reentrant=True) (also Hugging Face "
                 "gradient_checkpointing_enable() with use_reentrant=True), which cannot backpropagate into the "
                 "router: use use_reentrant=False (HF: gradient_checkpointing_enable(gradient_checkpointing_kwargs="
-                "{'use_reentrant': False})), or detach the gates to train without router gradients")
+                "{'use_reentrant': False})), or detach the gates to train without router gradients. (It also happens when "
+                "the wrapped model is called directly under torch.no_grad() after a training forward left its "
+                "gates: call the MoLAModel, or MoLAModel.generate, which compute the gates for the new input.)")
         if (gates is None and self.gates is None and self.gate_context is not None and self.gate_context.expand
                 and g.shape[0] != x.shape[0] and g.shape[0] > 0 and x.shape[0] % g.shape[0] == 0):
             g = g.repeat_interleave(x.shape[0] // g.shape[0], dim=0)
