@@ -39,21 +39,10 @@ def _require_transformers():
     return transformers
 
 
-def lococo_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager attention over [memory ; chunk]: memory fully visible, causal inside the chunk; returns (out, P).
-
-    No HF mask reaches it (``_lococo_mask`` refuses padding and returns None): with q queries and L keys, query i
-    sees key j iff j ≤ L − q + i.
-    Argument order as HF's ``sdpa_attention_forward`` (kvpress's attention wrapper passes ``dropout`` by position).
-    """
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    layer = getattr(_TLS, "pending", None)
-    _TLS.pending = None
-    if layer is not None and (layer.layer_idx != getattr(module, "layer_idx", None) or layer.length != key.shape[2]):
-        layer = None  # stale: left by a cache whose model did not use this attention
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float, dropout: float,
+            training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention of q queries over L keys (the last q of them are the queries' own): key j is visible to
+    query i iff j ≤ L − q + i; KV heads repeated onto query heads (GQA). Returns (out [b, q, h, d], P)."""
     groups = query.shape[1] // key.shape[1]
     k = key.repeat_interleave(groups, dim=1) if groups > 1 else key
     vv = value.repeat_interleave(groups, dim=1) if groups > 1 else value
@@ -63,8 +52,31 @@ def lococo_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     j = torch.arange(L, device=query.device).unsqueeze(0)
     logits = logits.masked_fill(j > (L - q_len) + i, float("-inf"))
     P = torch.softmax(logits, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
-    P = nn.functional.dropout(P, p=dropout, training=module.training)
-    out = torch.matmul(P, vv).transpose(1, 2).contiguous()
+    P = nn.functional.dropout(P, p=dropout, training=training)
+    return torch.matmul(P, vv).transpose(1, 2).contiguous(), P
+
+
+def lococo_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Eager attention over [memory ; chunk]: memory fully visible, causal inside the chunk; returns (out, P).
+
+    No HF mask reaches it (``_lococo_mask`` refuses padding and returns None): with q queries and L keys, query i
+    sees key j iff j ≤ L − q + i. When the cache split a long input into prefill chunks (``prefill_chunk_size``),
+    the chunks are attended one by one here, each over the memory compressed after the previous one, so a single
+    ``model(ids)`` / ``generate(ids)`` call computes what a chunk-by-chunk loop computes (P is then None).
+    Argument order as HF's ``sdpa_attention_forward`` (kvpress's attention wrapper passes ``dropout`` by position).
+    """
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    layer = getattr(_TLS, "pending", None)
+    _TLS.pending = None
+    if layer is not None and (layer.layer_idx != getattr(module, "layer_idx", None)
+                              or layer.expected_keys != key.shape[2]):
+        layer = None  # stale: left by a cache whose model did not use this attention
+    if layer is not None and layer.pending_prefill is not None:
+        return layer.chunked_attention(query, scaling=scaling, dropout=dropout, training=module.training), None
+    out, P = _attend(query, key, value, scaling, dropout, module.training)
     if layer is not None:
         layer.observe(P.detach())
     return out, P
@@ -117,6 +129,7 @@ class BudgetLayer(_cache_layer_base()):
         self.acc_scores: torch.Tensor | None = None  # accumulated over all chunks (original H2O)
         self.last_query: torch.Tensor | None = None  # P of the last query, [b, h_kv, L]
         self.awaiting_scores = False
+        self.pending_prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
         self.seen = 0
         self.n_compressions = 0
 
@@ -137,6 +150,11 @@ class BudgetLayer(_cache_layer_base()):
     def length(self) -> int:
         """Number of stored slots."""
         return 0 if self.keys is None else int(self.keys.shape[-2])
+
+    @property
+    def expected_keys(self) -> int:
+        """Keys the attention of the current call sees: the stored slots, plus a pending split prefill."""
+        return self.length + (0 if self.pending_prefill is None else int(self.pending_prefill[0].shape[-2]))
 
     def _gather(self, idx: torch.Tensor) -> None:
         g = lambda t: t.gather(2, idx.unsqueeze(-1).expand(*idx.shape, t.shape[-1]))  # noqa: E731
@@ -172,6 +190,11 @@ class BudgetLayer(_cache_layer_base()):
         if key_states.shape[-1] != o.head_dim or key_states.shape[1] != o.num_kv_heads:
             raise ValueError(f"{OWNER}: the model's KV heads are {tuple(key_states.shape[1::2])} (heads, head_dim) "
                              f"but the cache was built for ({o.num_kv_heads}, {o.head_dim})")
+        if self.pending_prefill is not None:
+            raise RuntimeError(f"{OWNER}: layer {self.layer_idx} was given a prefill longer than "
+                               f"prefill_chunk_size={o.prefill_chunk}, which only the 'lococo' attention can split; "
+                               "call icml24.lococo.use_lococo_attention(model), feed the input in chunks, or build "
+                               "the cache with prefill_chunk_size=None (one-shot prefill)")
         if self.awaiting_scores:
             raise RuntimeError(f"{OWNER}: layer {self.layer_idx} got no attention scores for the last chunk; the model "
                                "must use attn_implementation='lococo' (icml24.lococo.use_lococo_attention(model)), "
@@ -180,9 +203,34 @@ class BudgetLayer(_cache_layer_base()):
             self.lazy_initialization(key_states, value_states)
         b, h, q, _ = key_states.shape
         cp = (cache_kwargs or {}).get("cache_position")
+        if cp is not None and cp.numel() and int(cp.reshape(-1)[0]) != self.seen:
+            raise ValueError(f"{OWNER}: cache_position starts at {int(cp.reshape(-1)[0])} but layer {self.layer_idx} "
+                             f"has seen {self.seen} tokens; feed the tokens in order (with a pre-filled cache, "
+                             "generate() must not restart positions: leave generate's prefill_chunk_size unset, the "
+                             "cache splits long prefills itself)")
         new_pos = (cp.to(key_states.device).long() if cp is not None
                    else torch.arange(self.seen, self.seen + q, device=key_states.device))
         new_pos = new_pos.view(1, 1, q).expand(b, h, q)
+        B = o.prefill_chunk
+        if B is not None and q > B and o.policy != "full":
+            # a long prefill in one call: stored now, attended chunk by chunk by lococo_attention
+            if o.attn_implementation not in (None, ATTN_IMPLEMENTATION):
+                raise ValueError(f"{OWNER}: a prefill of {q} tokens is longer than prefill_chunk_size={B}, and "
+                                 f"attn_implementation={o.attn_implementation!r} cannot split it; call "
+                                 "icml24.lococo.use_lococo_attention(model), feed chunks of <= "
+                                 f"{B} tokens, or build the cache with prefill_chunk_size=None (one-shot prefill)")
+            self.pending_prefill = (key_states, value_states, new_pos, B)
+            _TLS.pending = self
+            if self.keys is None:
+                return key_states, value_states
+            return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+        return self._append(key_states, value_states, new_pos)
+
+    def _append(self, key_states: torch.Tensor, value_states: torch.Tensor, new_pos: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store one chunk: compress [memory ; previous chunk] first (lag), then append; returns the live K, V."""
+        o = self.owner
+        b, h, q, _ = key_states.shape
         if self.keys is not None and o.lag and self._over_budget():
             self._compress()
         if self.keys is None:
@@ -198,7 +246,25 @@ class BudgetLayer(_cache_layer_base()):
         if o.needs_scores:
             self.awaiting_scores = True
             _TLS.pending = self
+        elif not o.lag and self._over_budget():
+            self._compress()  # no scores needed (StreamingLLM): compress the stored copy right after the chunk
         return K, V
+
+    def chunked_attention(self, query: torch.Tensor, *, scaling: float, dropout: float, training: bool
+                          ) -> torch.Tensor:
+        """Attend a split prefill chunk by chunk: store chunk c (compressing the memory as a chunked loop would),
+        attend its queries over [memory ; chunk c], hand P to :meth:`observe`; returns out [b, q, h, d]."""
+        kn, vn, pn, B = self.pending_prefill
+        self.pending_prefill = None
+        outs = []
+        for s in range(0, kn.shape[-2], B):
+            K, V = self._append(kn[:, :, s:s + B], vn[:, :, s:s + B], pn[..., s:s + B])
+            _TLS.pending = None
+            out, P = _attend(query[:, :, s:s + B], K, V, scaling, dropout, training)
+            if self.owner.needs_scores:
+                self.observe(P.detach())
+            outs.append(out)
+        return torch.cat(outs, dim=1)
 
     def observe(self, probs: torch.Tensor) -> None:
         """Receive the chunk's attention probabilities P ∈ R^{b×h_q×q×L} (query heads grouped onto KV heads)."""
@@ -237,12 +303,23 @@ class LoCoCoCache(_require_transformers().Cache):
         recent: H2O's recent window (the rest of the budget goes to heavy hitters).
         accumulate_scores: H2O scores summed over all chunks (original H2O) instead of the last chunk (repo).
         tova_per_head: TOVA per head instead of head-averaged (original).
+        local_len: LoCoCo's verbatim local window (repo ``--local_len``): the last ``local_len`` cached tokens are
+            always among the heavy hitters. Taken from the compressors (``make_compressors(local_len=...)``);
+            given here it must match them.
+        prefill_chunk_size: a call that brings more than this many tokens (a one-call prefill such as
+            ``model.generate(ids)``) is split into chunks of this size inside the layer, each attended over the
+            memory compressed after the previous chunk, exactly as a chunk-by-chunk loop (so the attention matrix
+            is at most chunk × (M + buffer + chunk) whatever the prompt length; needs the ``"lococo"``
+            attention). ``"auto"`` (default): the chunk the compressors were built for (``make_compressors(
+            chunk_size=...)``), else M. ``None``: one-shot prefill (all tokens attend the uncompressed prompt;
+            single-shot use with :meth:`compress_now`).
     """
 
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, policy: str = "lococo",
                  budget: int = 64, compressors: nn.ModuleList | list[LoCoCoCompressor] | None = None,
                  buffer: int = 0, lag: bool = True, n_sink: int = 4, recent: int = 0,
-                 accumulate_scores: bool = False, tova_per_head: bool = False) -> None:
+                 accumulate_scores: bool = False, tova_per_head: bool = False, local_len: int | None = None,
+                 prefill_chunk_size: int | str | None = "auto", attn_implementation: str | None = None) -> None:
         self.policy = v.one_of(OWNER, "policy", policy, POLICIES)
         n_layers = v.integer(OWNER, "num_layers", num_layers, minimum=1)
         self.num_kv_heads = v.integer(OWNER, "num_kv_heads", num_kv_heads, minimum=1)
@@ -264,6 +341,21 @@ class LoCoCoCache(_require_transformers().Cache):
                                      f"head_dim={self.head_dim}")
                 if c.budget != self.budget:
                     raise ValueError(f"{OWNER}: compressor budget={c.budget} does not match budget={self.budget}")
+                if local_len is not None and c.local_len != local_len:
+                    raise ValueError(f"{OWNER}: local_len={local_len} does not match the compressors' local_len="
+                                     f"{c.local_len}; build them with make_compressors(local_len={local_len})")
+        elif local_len is not None and local_len != 0:
+            raise ValueError(f"{OWNER}: local_len is LoCoCo's knob (policy='lococo'); H2O's local window is "
+                             f"recent=..., got local_len={local_len} with policy={policy!r}")
+        self.local_len = (compressors[0].local_len if policy == "lococo" else 0)
+        if prefill_chunk_size == "auto":
+            windows = [c.max_window - c.m_c for c in compressors or [] if getattr(c, "max_window", None)]
+            self.prefill_chunk: int | None = min(windows) if policy == "lococo" and windows else self.budget
+        elif prefill_chunk_size is None:
+            self.prefill_chunk = None
+        else:
+            self.prefill_chunk = v.integer(OWNER, "prefill_chunk_size", prefill_chunk_size, minimum=1)
+        self.attn_implementation = attn_implementation
         self.needs_scores = policy in ("lococo", "h2o", "tova")
         super().__init__(layers=[BudgetLayer(self, i) for i in range(n_layers)])
 
@@ -279,7 +371,8 @@ class LoCoCoCache(_require_transformers().Cache):
                              "icml24.lococo.use_lococo_attention(model) (attn_implementation='lococo')")
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        return cls(num_layers=cfg.num_hidden_layers, num_kv_heads=kv, head_dim=head_dim, **kwargs)
+        return cls(num_layers=cfg.num_hidden_layers, num_kv_heads=kv, head_dim=head_dim,
+                   **{"attn_implementation": impl, **kwargs})
 
     @property
     def lengths(self) -> list[int]:
@@ -306,9 +399,10 @@ class LoCoCoCache(_require_transformers().Cache):
 
 def make_compressors(*, num_layers: int, head_dim: int, budget: int, chunk_size: int, kernel_size: int = 21,
                      hh_keep_rate: float = 0.5, lambda_init: float = 0.5, bounded_lambda: bool = True,
-                     learn_lambda: bool = True, n_conv_layers: int = 1, seed: int | None = None
+                     learn_lambda: bool = True, n_conv_layers: int = 1, local_len: int = 0, seed: int | None = None
                      ) -> nn.ModuleList:
-    """One :class:`LoCoCoCompressor` per layer; the kernel is checked against the fused window m_c + chunk."""
+    """One :class:`LoCoCoCompressor` per layer; the kernel is checked against the fused window m_c + chunk, and the
+    cache built on them splits longer one-call prefills into chunks of ``chunk_size``."""
     n = v.integer(OWNER, "num_layers", num_layers, minimum=1)
     B = v.integer(OWNER, "chunk_size", chunk_size, minimum=1)
     from icml24.lococo.compressor import check_budget
@@ -319,4 +413,5 @@ def make_compressors(*, num_layers: int, head_dim: int, budget: int, chunk_size:
     return nn.ModuleList([LoCoCoCompressor(head_dim=head_dim, budget=budget, kernel_size=kernel_size,
                                            hh_keep_rate=hh_keep_rate, lambda_init=lambda_init,
                                            bounded_lambda=bounded_lambda, learn_lambda=learn_lambda,
-                                           n_conv_layers=n_conv_layers, max_window=m_c + B) for _ in range(n)])
+                                           n_conv_layers=n_conv_layers, max_window=m_c + B, local_len=local_len)
+                          for _ in range(n)])

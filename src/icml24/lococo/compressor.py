@@ -6,7 +6,8 @@ official code VITA-Group/LoCoCo, ``llama/memory_compressor.py``).
 Given the L = |memory| + |chunk| cached keys/values of one layer (K, V ∈ R^{b×h×L×d}) and the attention mass s ∈
 R^{b×h×L} each of them received from the last chunk's queries, the compressor returns exactly M slots:
 
-    m_hh = M − m_c heavy hitters, kept verbatim (top-m_hh of s, in position order);
+    m_hh = M − m_c heavy hitters, kept verbatim (top-m_hh of s, in position order; with ``local_len`` ℓ > 0 the
+        last ℓ tokens plus the top-(m_hh − ℓ) of the others, as the repo's ``--local_len``);
     m_c = ⌊M(1 − r)⌋ fused slots over the S = L − m_hh remaining tokens R:
         W = (1 − λ)·E + λ·softmax_S(ReLU(Conv1d([K_R ; V_R])))  ∈ R^{m_c×S},   K_f = W K_R,  V_f = W V_R,
 
@@ -52,15 +53,23 @@ class LoCoCoCompressor(nn.Module):
         learn_lambda: train λ; with False λ is a fixed buffer (λ=0 gives pure selection).
         n_conv_layers: conv depth (repo default 1); hidden width m_c with ReLU after every layer.
         max_window: S_max = the largest fused window it will see (m_c + chunk); the kernel must not exceed it.
+        local_len: ℓ, the repo's ``--local_len`` (default 0): the last ℓ cached tokens are kept verbatim as part of
+            the m_hh heavy-hitter slots, whatever their scores; the other m_hh − ℓ heavy hitters are the top
+            scores among the earlier tokens (0 ≤ ℓ ≤ m_hh). With λ = 0 the kept set is H2O's with ``recent=ℓ``.
     """
 
     def __init__(self, *, head_dim: int, budget: int, kernel_size: int = 21, hh_keep_rate: float = 0.5,
                  lambda_init: float = 0.5, bounded_lambda: bool = True, learn_lambda: bool = True,
-                 n_conv_layers: int = 1, max_window: int | None = None) -> None:
+                 n_conv_layers: int = 1, max_window: int | None = None, local_len: int = 0) -> None:
         super().__init__()
         self.head_dim = v.integer(OWNER, "head_dim", head_dim, minimum=1)
         self.m_hh, self.m_c = check_budget(budget, hh_keep_rate)
         self.budget = int(budget)
+        self.local_len = v.integer(OWNER, "local_len", local_len, minimum=0)
+        if self.local_len > self.m_hh:
+            raise ValueError(f"{OWNER}: local_len ({self.local_len}) must be <= the heavy-hitter slots m_hh = M - "
+                             f"int(M(1 - r)) = {self.m_hh} (budget {budget}, hh_keep_rate {hh_keep_rate})")
+        self.max_window = None if max_window is None else int(max_window)
         k = v.integer(OWNER, "kernel_size", kernel_size, minimum=1)
         if k % 2 == 0:
             raise ValueError(f"{OWNER}: kernel_size must be odd ('same' padding over tokens), got {k}")
@@ -130,7 +139,13 @@ class LoCoCoCompressor(nn.Module):
         if L <= self.budget:
             raise ValueError(f"{OWNER}: compress needs more than budget={self.budget} tokens, got {L}")
         keys, values, scores = keys.detach(), values.detach(), scores.detach()  # gradient: current chunk only
-        hh = torch.topk(scores, self.m_hh, dim=-1).indices.sort(dim=-1).values  # [b,h,m_hh], position order
+        ell = self.local_len
+        if ell:  # repo partition_past_key_values: top-(m_hh − ℓ) outside the last ℓ tokens, plus those ℓ
+            top = torch.topk(scores[..., : L - ell], self.m_hh - ell, dim=-1).indices
+            local = torch.arange(L - ell, L, device=scores.device).expand(b, h, ell)
+            hh = torch.cat([top, local], dim=-1).sort(dim=-1).values  # [b,h,m_hh], position order
+        else:
+            hh = torch.topk(scores, self.m_hh, dim=-1).indices.sort(dim=-1).values  # [b,h,m_hh], position order
         mask = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, hh, True)
         rest = torch.sort(mask.to(torch.int8), dim=-1, stable=True).indices[..., : L - self.m_hh]
         g = lambda t, i: t.gather(2, i.unsqueeze(-1).expand(*i.shape, t.shape[-1]))  # noqa: E731
