@@ -27,7 +27,9 @@ def test_quick_run_writes_a_complete_result(quick):
     for name in ("eigenvalues.png", "gradient_norms.png", "decoded_lags.png"):
         assert (out / name).stat().st_size > 1000
     kinds = [c.kind for c in res.claim_checks]
-    assert kinds.count("claim") == 3 and kinds.count("mechanism") == 8 and kinds.count("sanity") == 10
+    assert kinds.count("claim") == 3 and kinds.count("mechanism") == 12 and kinds.count("sanity") == 6
+    guarded = {c.name: c.guards for c in res.checks("sanity")}
+    assert all(g for g in guarded.values())  # every sanity check names the claims it conditions
     assert res.extra["twm_max_abs_diff"] == 0.0
 
 

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from icml24.common.config import ExperimentConfig, help_text
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
-from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check, paired_check
+from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check
 from icml24.common.seeding import numpy_generator, seed_everything
 from icml24.icl_theory.hierarchical import (
     ErrorEstimate,
@@ -360,7 +359,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     checks3 = [claim, ClaimCheck(
         name="negative control (no earlier (z, y) pair visible) fails the claim check", kind="sanity",
         metric="control_fails", measured=float(not control.passed), threshold=1.0, direction=">=",
-        method_arm=f"noctx_M{hi}", baseline_arm=f"noctx_M{lo}", detail=f"control: {control.detail}")]
+        method_arm=f"noctx_M{hi}", baseline_arm=f"noctx_M{lo}", guards=[claim.name],
+        detail=f"negative control: a transformer that sees no earlier (z, y) pair cannot learn in context, so the "
+               f"claim's own test must fail on it; control: {control.detail}")]
     total = diff_check("icl", "excess", "mechanism",
                        f"transformer: total excess over Bayes smaller at M = {hi} than at M = {lo}")
     total_ctrl = diff_check("noctx", "excess", "mechanism", "control total")
@@ -370,7 +371,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     checks3.append(rec.paired(
         name=f"in-context regime present: transformer beats the no-context control at M = {hi} (test NLL)",
         metric="nll", method_arm=f"icl_M{hi}", baseline_arm=f"noctx_M{hi}", direction="<=", threshold=0.0,
-        kind="sanity"))
+        kind="sanity", guards=[claim.name],
+        detail="the regime: context must help the pretrained transformer at all, or M cannot change how it uses it"))
     falls = one_sample_check(
         name=f"transformer at M = {hi}: per-position NLL falls with t (first − last quarter of positions)",
         metric="early_minus_late", values=rec.values(f"icl_M{hi}", "early_minus_late"), direction=">=",

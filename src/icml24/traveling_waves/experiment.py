@@ -214,17 +214,20 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         return rec.values(arm, metric)
 
     thr = cfg.spectral_threshold
+    c_t1 = f"T1: trained RNN's spectrum matches the TWM (angular error < {thr} rad)"
+    c_t2 = f"T2: trained RNN's spectrum matches the TWM (angular error < {thr} rad)"
+    c_grad = f"T1: trained RNN propagates gradient over the window better than at init (lag s-1={s - 1})"
     checks: list[ClaimCheck] = [
         # claims: the trained RNN converges to the TWM solution (paper Table 1) and propagates gradient better
-        one_sample_check(name=f"T1: trained RNN's spectrum matches the TWM (angular error < {thr} rad)",
+        one_sample_check(name=c_t1,
                          metric="spectral_error", values=vals("T1", "spectral_error"), direction="<=",
                          threshold=thr, kind="claim", arm="T1", paper_value="Table 1: low spectral error",
                          detail=f"theory: {n_t1} s-th roots of unity; untrained and s'={sp} controls below"),
-        one_sample_check(name=f"T2: trained RNN's spectrum matches the TWM (angular error < {thr} rad)",
+        one_sample_check(name=c_t2,
                          metric="spectral_error", values=vals("T2", "spectral_error"), direction="<=",
                          threshold=thr, kind="claim", arm="T2", paper_value="Table 1: low spectral error",
                          detail=f"theory: {n_t2} unit eigenvalues (cycles of length s-k)"),
-        rec.paired(name=f"T1: trained RNN propagates gradient over the window better than at init (lag s-1={s - 1})",
+        rec.paired(name=c_grad,
                    metric="grad_last_lag", method_arm="T1", baseline_arm="untrained", direction=">=", threshold=0.0,
                    kind="claim", log_ratio=True, paper_value="blog: better gradient propagation after training",
                    detail="‖∂h(s-1)/∂x(0)‖_F, log-ratio trained/init"),
@@ -259,28 +262,37 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         # are rejected by the checks they must fail
         one_sample_check(name=f"T1 test accuracy at horizon {cfg.test_horizon} >= {cfg.acc_threshold}",
                          metric="test_acc", values=vals("T1", "test_acc"), direction=">=",
-                         threshold=cfg.acc_threshold, kind="sanity", arm="T1"),
+                         threshold=cfg.acc_threshold, kind="sanity", arm="T1", guards=[c_t1, c_grad],
+                         detail="the regime: a model that does not solve T1 cannot show how it solves it"),
         one_sample_check(name=f"T2 test accuracy at horizon {cfg.test_horizon} >= {cfg.acc_threshold}",
                          metric="test_acc", values=vals("T2", "test_acc"), direction=">=",
-                         threshold=cfg.acc_threshold, kind="sanity", arm="T2"),
+                         threshold=cfg.acc_threshold, kind="sanity", arm="T2", guards=[c_t2],
+                         detail="the regime: a model that does not solve T2 cannot show how it solves it"),
         one_sample_check(name=f"control (s'={sp}) solves its own task (test accuracy >= {cfg.acc_threshold})",
                          metric="test_acc", values=vals("control", "test_acc"), direction=">=",
-                         threshold=cfg.acc_threshold, kind="sanity", arm="control"),
+                         threshold=cfg.acc_threshold, kind="sanity", arm="control", guards=[c_t1, c_t2],
+                         detail="the regime: the wrong-window control must be a working model, not a broken one"),
         one_sample_check(name=f"regime: at init the gradient decays over the window (max/min > {cfg.flat_ratio:g})",
                          metric="grad_flatness", values=vals("untrained", "grad_flatness"), direction=">=",
-                         threshold=cfg.flat_ratio, kind="sanity", arm="untrained"),
+                         threshold=cfg.flat_ratio, kind="sanity", arm="untrained", guards=[c_grad],
+                         detail="the regime: without training the gradient decays, so a flat one is learned"),
     ]
     for arm in ("untrained", "control"):
         checks += [
             one_sample_check(name=f"{arm} is rejected by the spectral claim (error vs window-s theory >= {thr})",
                              metric="spectral_error", values=vals(arm, "spectral_error"), direction=">=",
-                             threshold=thr, kind="sanity", arm=arm),
+                             threshold=thr, kind="sanity", arm=arm, guards=[c_t1, c_t2],
+                             detail="negative control: a model without window-s waves must fail the spectral check"),
             one_sample_check(name=f"{arm} is rejected by the count check (|count - s·d| >= 1)",
                              metric="count_abs_error", values=vals(arm, "count_abs_error"), direction=">=",
-                             threshold=1.0, kind="sanity", arm=arm),
+                             threshold=1.0, kind="mechanism", arm=arm,
+                             detail="negative control of a mechanism (so it votes on no claim): a model without "
+                                    "window-s waves must fail the count check"),
             one_sample_check(name=f"{arm} is rejected by the decoding check (min R² over k < s <= {cfg.r2_threshold})",
                              metric="r2_min_window", values=vals(arm, "r2_min_window"), direction="<=",
-                             threshold=cfg.r2_threshold, kind="sanity", arm=arm),
+                             threshold=cfg.r2_threshold, kind="mechanism", arm=arm,
+                             detail="negative control of a mechanism (so it votes on no claim): a model without "
+                                    "window-s waves must fail the decoding check"),
         ]
 
     artifacts = _plots(cfg, res, out_dir)
