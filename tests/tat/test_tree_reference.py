@@ -63,9 +63,11 @@ def test_random_batches_match_reference(kind, dist, seed):
     np.testing.assert_array_equal(r_new, r_ref)
 
 
+@pytest.mark.parametrize("compact", [False, True])
 @pytest.mark.parametrize("dist, thr", [("cosine", 5e-4), ("euclidean", 0.05)])
-def test_replanning_and_pruning_match_reference(dist, thr):
-    """Closed-loop use: integrate, act + prune (best or a given child), integrate the next batch, ..."""
+def test_replanning_and_pruning_match_reference(dist, thr, compact):
+    """Closed-loop use: integrate, act + prune (best or a given child), integrate the next batch, ...; with
+    ``compact`` the pruned nodes are freed after every step (the ids change, the tree does not)."""
     rng = np.random.default_rng(7)
     L, D = 12, 3
     t_new = fast.TrajectoryAggregationTree(state_dim=D, lambda_=0.9, merge_threshold=thr, distance=dist)
@@ -80,6 +82,9 @@ def test_replanning_and_pruning_match_reference(dist, thr):
         k = None if step % 2 else int(rng.integers(len(t_ref.root.children)))
         t_new.prune(k)
         t_ref.prune(k)
+        if compact:
+            t_new.compact()
+            assert t_new.storage()["allocated"] == t_new.n_nodes()
         _assert_same_tree(t_new, t_ref)
     np.testing.assert_array_equal(t_new.rollout(20), t_ref.rollout(20))
 

@@ -24,27 +24,43 @@ import numpy as np
 
 from icml24.common import validate as v
 
-__all__ = ["TreeNode", "TrajectoryAggregationTree", "aggregate_plan", "medoid_index"]
+__all__ = ["TreeNode", "TrajectoryAggregationTree", "aggregate_plan", "medoid_index", "forward_state",
+           "reverse_state"]
 
 _OWNER = "TrajectoryAggregationTree"
 _SEQUENTIAL_GROUP = 8  # groups up to this size are merged trajectory by trajectory, larger ones all at once
 _CHUNK = 32            # ... in chunks of at most this many trajectories (fewer fixed-point passes, smaller arrays)
+_MIN_CAPACITY = 64     # node arrays never shrink below this
+_MIN_STEPS = 4096      # merge steps kept (pruned nodes' included) before a compaction drops the pruned ones
 
 
 class TreeNode:
     """A view of one node of a :class:`TrajectoryAggregationTree` (the tree keeps its nodes in arrays): the
-    weighted mean of its merged states, the summed weight (its "value"), the merge count, the children."""
+    weighted mean of its merged states, the summed weight (its "value"), the merge count, the children.
 
-    __slots__ = ("_tree", "_i")
+    A view is valid until the tree next compacts its storage (:meth:`TrajectoryAggregationTree.compact`, also run
+    by :meth:`~TrajectoryAggregationTree.integrate` when the arrays are full); a stale view raises
+    ``RuntimeError`` instead of reading another node.
+    """
+
+    __slots__ = ("_tree", "_idx", "_gen")
 
     def __init__(self, tree: TrajectoryAggregationTree, index: int) -> None:
-        self._tree, self._i = tree, int(index)
+        self._tree, self._idx, self._gen = tree, int(index), tree._gen
+
+    @property
+    def _i(self) -> int:
+        if self._gen != self._tree._gen:
+            raise RuntimeError("TreeNode: the tree compacted its storage since this view was taken; take a new one "
+                               "from tree.root")
+        return self._idx
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TreeNode) and other._tree is self._tree and other._i == self._i
+        return (isinstance(other, TreeNode) and other._tree is self._tree and other._gen == self._gen
+                and other._idx == self._idx)
 
     def __hash__(self) -> int:
-        return hash((id(self._tree), self._i))
+        return hash((id(self._tree), self._gen, self._idx))
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self._i}, value={self.value:.4g}, count={self.count}, children={len(self.children)})"
@@ -69,7 +85,8 @@ class TreeNode:
     def steps(self) -> list[int]:
         """Index of each merged state inside its trajectory, in merge order."""
         t = self._tree
-        return [int(t._step0[self._i])] + t._merged_steps().get(self._i, [])
+        i = self._i
+        return [int(t._step0[i])] + t._merged_steps().get(i, [])
 
     @property
     def children(self) -> list[TreeNode]:
@@ -132,7 +149,7 @@ class TrajectoryAggregationTree:
         root = np.zeros(self.state_dim) if start_state is None else np.asarray(start_state, dtype=float)
         if root.shape != (self.state_dim,):
             raise ValueError(f"{_OWNER}: start_state must have shape ({self.state_dim},), got {root.shape}")
-        cap = 64
+        cap = _MIN_CAPACITY
         self._wsum = np.zeros(cap)                       # Σ w per node
         self._wstate = np.zeros((cap, self.state_dim))   # Σ w s per node
         self._count = np.zeros(cap, dtype=np.int64)
@@ -141,33 +158,104 @@ class TrajectoryAggregationTree:
         # children: the first one in an array (a chain node has only that one), any later ones in a dict
         self._first = np.full(cap, -1, dtype=np.int64)
         self._more: dict[int, list[int]] = {}
-        self._merge_log: list[tuple[np.ndarray, int]] = []   # (nodes merged into, in order; the state index)
-        self._steps_cache: tuple[int, dict[int, list[int]]] = (0, {})
+        # merge steps: logged during one integrate call (nodes merged into, in order; the state index), folded
+        # into per-node lists at its end; the lists of pruned nodes are dropped by compact()
+        self._merge_log: list[tuple[Any, int]] = []
+        self._steps: dict[int, list[int]] = {}
+        self._n_steps = 0
+        self._steps_limit = _MIN_STEPS
+        self._gen = 0                                         # storage generation (bumped by compact())
+        self._auto_compact = True                             # off only to measure the cost of keeping garbage
         self._wsum[0], self._wstate[0], self._count[0] = 1.0, root * 1.0, 1
         self._n, self._root = 1, 0
 
     # ------------------------------------------------------------------ storage
-    def _reserve(self, extra: int) -> None:
-        need = self._n + extra
-        cap = len(self._wsum)
-        if need <= cap:
-            return
-        cap = max(need, 2 * cap)
-        for name in ("_wsum", "_wstate", "_count", "_parent", "_step0", "_first"):
+    _ARRAYS = ("_wsum", "_wstate", "_count", "_parent", "_step0", "_first")
+
+    def _resize(self, cap: int) -> None:
+        for name in self._ARRAYS:
             old = getattr(self, name)
             new = np.zeros((cap,) + old.shape[1:], dtype=old.dtype)
             new[:self._n] = old[:self._n]
             setattr(self, name, new)
 
+    def _reserve(self, extra: int) -> None:
+        """Room for ``extra`` more nodes: the unreachable (pruned) nodes are dropped first when the arrays are full
+        or the merge steps kept have doubled, so storage follows the live tree, not the episode length."""
+        need = self._n + extra
+        if self._auto_compact and (need > len(self._wsum) or self._n_steps > self._steps_limit):
+            self.compact(reserve=extra)
+            need = self._n + extra
+        if need > len(self._wsum):
+            self._resize(max(need, 2 * len(self._wsum)))
+
     def _merged_steps(self) -> dict[int, list[int]]:
-        """``{node: [index of each state merged into it, in order]}`` from the merge log (cached)."""
-        if self._steps_cache[0] != len(self._merge_log):
-            out: dict[int, list[int]] = {}
+        """``{node: [index of each state merged into it, in order]}``: the merge log folded into per-node lists."""
+        if self._merge_log:
+            out, n = self._steps, 0
             for nodes, step in self._merge_log:
-                for c in nodes.tolist():
+                cs = nodes.tolist() if isinstance(nodes, np.ndarray) else nodes
+                n += len(cs)
+                for c in cs:
                     out.setdefault(c, []).append(step)
-            self._steps_cache = (len(self._merge_log), out)
-        return self._steps_cache[1]
+            self._merge_log.clear()
+            self._n_steps += n
+        return self._steps
+
+    def _live(self) -> np.ndarray:
+        """Ids of the nodes reachable from the root, increasing (a child's id is always above its parent's)."""
+        n, r = self._n, self._root
+        if r == 0:
+            return np.arange(n)
+        alive = np.zeros(n, dtype=bool)
+        alive[r] = True
+        par = self._parent[:n]
+        cand = np.arange(r + 1, n)
+        cand = cand[par[cand] >= r]
+        while cand.size:  # one pass per depth: a node is alive iff its parent is
+            hit = alive[par[cand]]
+            if not hit.any():
+                break
+            alive[cand[hit]] = True
+            cand = cand[~hit]
+        return np.flatnonzero(alive)
+
+    def compact(self, *, reserve: int = 0) -> None:
+        """Free the pruned (unreachable) nodes and their merge-log entries: keep only the tree below the root, in
+        the same order (children, states, values, counts and steps unchanged), in arrays sized to it (plus room for
+        ``reserve`` more nodes). :meth:`integrate` calls it when its arrays are full or the merge log is long, so a
+        closed-loop episode (integrate, act, prune, ...) runs in memory bounded by the live tree; call it directly
+        to free memory at once. When it frees nodes, the :class:`TreeNode` views taken before become invalid."""
+        steps = self._merged_steps()
+        live = self._live()
+        m = len(live)
+        cut = m < self._n
+        if cut:  # the arrays are cut to the live rows
+            remap = np.full(self._n, -1, dtype=np.int64)
+            remap[live] = np.arange(m)
+            for name in self._ARRAYS:
+                setattr(self, name, getattr(self, name)[live])
+            self._parent = np.where(self._parent >= 0, remap[self._parent], -1)
+            self._parent[0] = -1
+            self._first = np.where(self._first >= 0, remap[self._first], -1)
+            rl = remap.tolist()
+            self._more = {rl[p]: [rl[c] for c in cs] for p, cs in self._more.items() if p < self._n and rl[p] >= 0}
+            self._steps = {rl[c]: st for c, st in steps.items() if c < self._n and rl[c] >= 0}
+            self._n, self._root = m, 0
+            self._gen += 1
+        cap = max(_MIN_CAPACITY, 2 * (m + reserve))   # room to grow before the next compaction
+        if cut or len(self._wsum) < m + reserve or len(self._wsum) > 2 * cap:
+            self._resize(cap)
+        self._n_steps = sum(len(st) for st in self._steps.values())
+        self._steps_limit = max(_MIN_STEPS, 2 * self._n_steps)
+
+    def storage(self) -> dict[str, int]:
+        """Memory bookkeeping: ``live`` (nodes below the root), ``allocated`` (node ids in use, pruned ones
+        included), ``capacity`` (rows of the node arrays), ``merge_log`` (log entries not yet folded: 0 between
+        calls) and ``steps_kept`` (per-node merge steps held, pruned nodes' included until the next compaction)."""
+        self._merged_steps()
+        return {"live": self.n_nodes(), "allocated": self._n, "capacity": len(self._wsum),
+                "merge_log": len(self._merge_log), "steps_kept": self._n_steps}
 
     def _kids(self, i: int) -> list[int]:
         """Ids of node ``i``'s children, in creation order."""
@@ -356,7 +444,7 @@ class TrajectoryAggregationTree:
                                 self._wsum[c] += w[i]
                                 self._wstate[c] += wx[bb, i]
                                 self._count[c] += 1
-                                self._merge_log.append((np.array([c]), i))
+                                self._merge_log.append(([c], i))
                                 cur[bb] = c
                                 keep.append(bb)
                                 continue
@@ -385,6 +473,7 @@ class TrajectoryAggregationTree:
                         self._merge_log.append((mn, i))
                         keep.extend(part[merged].tolist())
             active = np.array(sorted(keep), dtype=np.int64)
+        self._merged_steps()  # fold this call's merge log (bounded by one batch)
 
     def best_child(self) -> int:
         """Index of the root child with the largest summed weight (first one on ties)."""
@@ -404,7 +493,7 @@ class TrajectoryAggregationTree:
         k = self.best_child() if index is None else v.integer(_OWNER, "index", index, minimum=0,
                                                                maximum=len(ch) - 1)
         self._root = ch[k]
-        # NOTE: the dropped nodes stay in the arrays (unreachable) until the tree is discarded
+        # the dropped nodes stay in the arrays (unreachable) until the next compaction (see compact())
 
     def rollout(self, n: int, *, rng: np.random.Generator | None = None) -> np.ndarray:
         """Act and prune ``n`` times (open-loop plan), returning ``[n', D]`` states (``n' < n`` if the tree ends).
@@ -437,6 +526,62 @@ class TrajectoryAggregationTree:
             n += 1
             stack.extend(self._kids(node))
         return n
+
+
+def _shift_actions(name: str, trajectories: Any, action_dim: int, pad: Any, *, forward: bool) -> Any:
+    """Shared body of :func:`forward_state` / :func:`reverse_state` (numpy or torch in, the same out)."""
+    A = v.integer(name, "action_dim", action_dim, minimum=0)
+    is_torch = hasattr(trajectories, "detach")
+    x = trajectories if is_torch else np.asarray(trajectories)
+    if x.ndim != 3:
+        raise ValueError(f"{name}: trajectories must have shape [B, L, D], got {tuple(x.shape)}")
+    B, L, D = x.shape
+    if A == 0:
+        return x
+    if A > D or L < 1:
+        raise ValueError(f"{name}: action_dim {A} does not fit trajectories of shape {tuple(x.shape)}")
+    acts, obs = x[:, :, :A], x[:, :, A:]
+    if pad is None:
+        pad = (acts[:, :1] * 0) if forward else acts[:, -1:]  # zeros / the current last action (official)
+    if is_torch:
+        import torch
+        pad = torch.as_tensor(pad, dtype=x.dtype, device=x.device)
+        pad = pad.reshape(-1, 1, A).expand(B, 1, A) if pad.numel() in (A, B * A) else pad
+        cat = torch.cat
+    else:
+        pad = np.asarray(pad, dtype=np.result_type(x, np.asarray(pad)))
+        pad = np.broadcast_to(pad.reshape(-1, 1, A), (B, 1, A)) if pad.size in (A, B * A) else pad
+        cat = np.concatenate
+    if tuple(pad.shape) != (B, 1, A):
+        side = "first_action" if forward else "last_action"
+        raise ValueError(f"{name}: {side} must have shape [{B}, 1, {A}], [{B}, {A}] or [{A}], got {tuple(pad.shape)}")
+    acts = cat([pad, acts[:, :-1]], 1) if forward else cat([acts[:, 1:], pad], 1)
+    return cat([acts, obs], -1)
+
+
+def forward_state(trajectories: Any, *, action_dim: int, first_action: Any = None) -> Any:
+    """Align a planner's ``(a_i, s_i)`` rows to the tree's ``(a_{i−1}, s_i)`` (the official ``forward_state``).
+
+    Diffuser's plans put the action taken *at* s_i beside s_i; a tree node should hold the action that *led to* its
+    state, so that the root child (index 1) carries ``(a_0, s_1)`` and acting returns a_0. The actions move one row
+    down, the last one is dropped and row 0 gets ``first_action`` (zeros by default); the states stay.
+
+    Args:
+        trajectories: ``[B, L, A + S]`` plans, actions first (numpy or torch; the result has the same type).
+        action_dim: A (0: returned unchanged).
+        first_action: the action of row 0, ``[B, 1, A]``, ``[B, A]`` or ``[A]``; zeros by default.
+    """
+    return _shift_actions("forward_state", trajectories, action_dim, first_action, forward=True)
+
+
+def reverse_state(trajectories: Any, *, action_dim: int, last_action: Any = None) -> Any:
+    """The inverse alignment (the official ``reverse_state``): ``(a_{i−1}, s_i)`` rows back to ``(a_i, s_i)``, e.g.
+    to turn a tree rollout into a planner-layout trajectory (a warm start). The actions move one row up, row 0's is
+    dropped and the last row gets ``last_action`` (by default the current last action, repeated).
+
+    ``reverse_state(forward_state(x, action_dim=A), action_dim=A, last_action=x[:, -1:, :A])`` equals ``x``.
+    """
+    return _shift_actions("reverse_state", trajectories, action_dim, last_action, forward=False)
 
 
 def aggregate_plan(trajectories: Any, *, lambda_: float = 0.98, merge_threshold: float = 5e-4,
