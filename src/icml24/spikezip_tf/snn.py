@@ -29,6 +29,7 @@ from torch import nn
 
 from icml24.common import validate as val
 from icml24.common.nets import TinyViT
+from icml24.spikezip_tf import _fused
 from icml24.spikezip_tf.qann import (
     QAttention,
     QSelfAttention,
@@ -103,10 +104,64 @@ def _events_per_step(x: torch.Tensor, steps: int) -> torch.Tensor:
     return per_sample.sum(1, dtype=torch.float64)
 
 
+# steps that are known to be exactly zero: id(output) -> (weakref(output), [step t may be non-zero]), attached by the
+# operators that skip silent steps, so that a consumer does not scan its input for them again
+_ACTIVE_STEPS: dict[int, tuple[weakref.ref, list[bool]]] = {}
+
+
+def _mark_active(out: torch.Tensor, active: list[bool]) -> torch.Tensor:
+    """Record that the steps t of ``out`` with ``active[t]`` False are exactly zero."""
+    if len(_ACTIVE_STEPS) > 256:
+        for k in [k for k, (r, _) in _ACTIVE_STEPS.items() if r() is None]:
+            del _ACTIVE_STEPS[k]
+    _ACTIVE_STEPS[id(out)] = (weakref.ref(out), active)
+    return out
+
+
+def _known_active(x: torch.Tensor, steps: int) -> list[bool] | None:
+    """Whether each step of ``x`` ``(T * B, ...)`` may be non-zero, as recorded by its producer (None: unknown)."""
+    known = _ACTIVE_STEPS.get(id(x))
+    if known is not None and known[0]() is x and len(known[1]) == steps:
+        return list(known[1])
+    return None
+
+
+def _active_steps(x: torch.Tensor, steps: int) -> list[bool]:
+    """Whether each step of ``x`` ``(T * B, ...)`` may be non-zero: recorded by its producer, else scanned."""
+    known = _known_active(x, steps)
+    return known if known is not None else _fed_steps(_split_time(x, steps))
+
+
+def _inherit_events(new: torch.Tensor, src: torch.Tensor, steps: int) -> torch.Tensor:
+    """``new`` (a view, scaled copy or re-layout of ``src`` with the same zeros per step) gets ``src``'s known events."""
+    known = _SPIKE_EVENTS.get(id(src))
+    if known is not None and known[0]() is src and new.shape[0] == src.shape[0]:
+        _remember_events(new, known[1])
+    return new
+
+
 def _fed_steps(x: torch.Tensor) -> list[bool]:
     """Whether step t of ``x`` ``(T, ...)`` has any non-zero entry (one pass, one host sync)."""
     dims = tuple(range(1, x.dim()))  # reduce in place of a reshape, which would copy a strided x
     return ((x.amax(dims) > 0) | (x.amin(dims) < 0)).tolist()
+
+
+def _take(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
+    """``x[idx]`` along dim 0 for sorted step indices: a view when they are consecutive (the usual case)."""
+    if idx and idx[-1] - idx[0] + 1 == len(idx):
+        return x[idx[0]:idx[-1] + 1]
+    return x.index_select(0, torch.tensor(idx, device=x.device))
+
+
+def _scatter_steps(d: torch.Tensor, idx: list[int], steps: int) -> torch.Tensor:
+    """``(steps, ...)`` zeros with ``d[i]`` at step ``idx[i]``."""
+    if idx[-1] - idx[0] + 1 == len(idx):  # consecutive: copy once, zero only the other steps
+        out = d.new_empty(steps, *d.shape[1:])
+        out[idx[0]:idx[-1] + 1] = d
+        out[:idx[0]].zero_()
+        out[idx[-1] + 1:].zero_()
+        return out
+    return d.new_zeros(steps, *d.shape[1:]).index_copy_(0, torch.tensor(idx, device=d.device), d)
 
 
 def _per_step_into(x: torch.Tensor, active: list[bool], shape: tuple[int, ...],
@@ -186,6 +241,8 @@ class STBIFNeuron(_Stateful):
         self.last_spikes: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.requires_grad and self.threshold.dtype == x.dtype and _fused.available(x):
+            return self._forward_fused(x)
         xs = _split_time(x / self.threshold, self.steps)  # (T, B, ...), the input in threshold units
         if self.v is None or self.v.shape != xs.shape[1:]:
             if self.v is not None:
@@ -218,11 +275,42 @@ class STBIFNeuron(_Stateful):
         # o is +-1/0: the sum of |o| per sample counts the spikes exactly
         counts = o.abs_().reshape(o.shape[0], o.shape[1], -1).sum(2)
         self.last_spikes = counts.long()
-        if len(_SPIKE_EVENTS) > 256:
-            for k in [k for k, (r, _) in _SPIKE_EVENTS.items() if r() is None]:
-                del _SPIKE_EVENTS[k]
-        _SPIKE_EVENTS[id(out)] = (weakref.ref(out), counts.sum(1, dtype=torch.float64))
+        _remember_events(out, counts.sum(1, dtype=torch.float64))
         return out
+
+    def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """The same update by the fused C kernel (:mod:`._fused`): one pass over memory for all T steps, same bits."""
+        xs = _split_time(x, self.steps)  # (read in place by the kernel when its rows are contiguous)
+        if self.v is None or self.v.shape != xs.shape[1:]:
+            if self.v is not None:
+                raise RuntimeError("spikezip_tf: input shape changed between steps; call reset() between batches")
+            self.v = torch.full(xs.shape[1:], self.v_init, dtype=x.dtype, device=x.device)
+            self.acc = torch.zeros(xs.shape[1:], dtype=x.dtype, device=x.device)
+        elif not (self.v.is_contiguous() and self.acc.is_contiguous()):
+            self.v, self.acc = self.v.contiguous(), self.acc.contiguous()
+        if self.settled and not any(_known_active(x, self.steps) or [True]):
+            # no neuron can spike without input and there is none: exact zeros, state unchanged
+            out = x.new_zeros(x.shape)
+            self.last_spikes = torch.zeros(xs.shape[0], xs.shape[1], dtype=torch.long, device=x.device)
+            _remember_events(out, torch.zeros(xs.shape[0], dtype=torch.float64, device=x.device))
+            return _mark_active(out, [False] * xs.shape[0])
+        o, counts, live = _fused.stbif(xs, float(self.threshold), self.v, self.acc,
+                                       lo=-1.0 if self.negative_spikes else 0.0, neg_min=self.neg_min,
+                                       pos_max=self.pos_max)
+        self.settled = not live  # every neuron quiet unless fed (for the PyTorch loop too: same meaning)
+        self.last_spikes = counts.long()
+        out = o.reshape(x.shape)
+        per_step = counts.sum(1)
+        _remember_events(out, per_step)
+        return _mark_active(out, (per_step > 0).tolist())
+
+
+def _remember_events(out: torch.Tensor, per_step: torch.Tensor) -> None:
+    """Attach the events per step ``(T,)`` of ``out`` for :func:`_events_per_step` (see ``_SPIKE_EVENTS``)."""
+    if len(_SPIKE_EVENTS) > 256:
+        for k in [k for k, (r, _) in _SPIKE_EVENTS.items() if r() is None]:
+            del _SPIKE_EVENTS[k]
+    _SPIKE_EVENTS[id(out)] = (weakref.ref(out), per_step)
 
 
 class _OnceBias(_Stateful):
@@ -236,13 +324,13 @@ class _OnceBias(_Stateful):
         first, self.first = self.first, False
         ev = _events_per_step(x, self.steps)
         self.last_sops = ev * self.fan_out  # each non-zero input event fans out to fan_out outputs
-        if self.steps == 1:  # the step-by-step path: exactly the computation of one step
-            return fn(x, self.bias if first else None)
         active = (ev > 0).tolist()
         if first:
             active[0] = True  # the bias enters at t = 0 whatever the input
+        if self.steps == 1:  # the step-by-step path: exactly the computation of one step
+            return _mark_active(fn(x, self.bias if first else None), active)
         y = self._steps_out(_split_time(x, self.steps), active, first, fn)
-        return y.reshape(y.shape[0] * y.shape[1], *y.shape[2:])
+        return _mark_active(y.reshape(y.shape[0] * y.shape[1], *y.shape[2:]), active)
 
     def _steps_out(self, xt: torch.Tensor, active: list[bool], first: bool, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
         return _per_step(xt, active, lambda t, x_t: fn(x_t, self.bias if first and t == 0 else None))
@@ -294,12 +382,18 @@ class SpikeConv2d(_OnceBias):
 
 
 class SpikeMatmul(_Stateful):
-    """Product of two spike trains: ``out_t = A_t b_t + a_t B_t - a_t b_t`` with running sums ``A_t, B_t``
-    (including step t), so that ``sum_t out_t = A_T B_T`` (paper's spike-equivalent self-attention)."""
+    """Product of two spike trains: ``out_t = A_t B_t - A_{t-1} B_{t-1}`` with running sums ``A_t, B_t`` (including
+    step t), so that ``sum_t out_t = A_T B_T`` (paper's spike-equivalent self-attention).
+
+    The paper's product rule ``A_t b_t + a_t B_t - a_t b_t`` is the same increment in exact arithmetic; as
+    differences of running products (SpikingJelly's multi-step ``_matmul_sequence_delta``) it takes one matrix product
+    per step instead of three, batched over all the steps of a call.
+    """
 
     def reset(self) -> None:
         self.A: torch.Tensor | None = None
         self.B: torch.Tensor | None = None
+        self.P: torch.Tensor | None = None  # A_t B_t of the last step
         self.last_sops: torch.Tensor | None = None
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -307,22 +401,28 @@ class SpikeMatmul(_Stateful):
         ea, eb = _events_per_step(a, self.steps), _events_per_step(b, self.steps)
         # SOPs: each event of b_t meets every row of A_t, each event of a_t every column of B_t
         self.last_sops = eb * a.shape[-2] + ea * b.shape[-1]
-        active = ((ea + eb) > 0).tolist() if self.steps > 1 else [True]
-
-        def step(t: int, a_t: torch.Tensor, out_t: torch.Tensor) -> None:
-            b_t = bt[t]
-            self.A = a_t if self.A is None else self.A + a_t
-            self.B = b_t if self.B is None else self.B + b_t
-            torch.matmul(self.A, b_t, out=out_t)
-            out_t.add_(a_t @ self.B).sub_(a_t @ b_t)  # (A b + a B) - a b, as in the step-by-step path
-
-        if self.steps == 1:
-            a_t, b_t = at[0], bt[0]
-            self.A = a_t if self.A is None else self.A + a_t
-            self.B = b_t if self.B is None else self.B + b_t
-            return self.A @ b_t + a_t @ self.B - a_t @ b_t
-        out = _per_step_into(at, active, (*at.shape[1:-1], b.shape[-1]), step)
-        return out.reshape(a.shape[0], *a.shape[1:-1], b.shape[-1])
+        shape = (*a.shape[:-1], b.shape[-1])
+        if self.steps == 1:  # the step-by-step path: always computed (a step without input gives exact zeros)
+            idx = [0]
+        else:
+            idx = [t for t, on in enumerate(((ea + eb) > 0).tolist()) if on]
+            if not idx:  # A, B unchanged: every increment is exactly zero
+                return _mark_active(a.new_zeros(shape), [False] * self.steps)
+        A = _running_sum(self.A, _take(at, idx))
+        B = _running_sum(self.B, _take(bt, idx))
+        self.A, self.B = A[-1], B[-1]
+        P = torch.matmul(A, B)  # batched over steps: each product is the very one the step-by-step path computes
+        D = torch.empty_like(P)
+        if self.P is None:
+            D[0] = P[0]
+        else:
+            torch.sub(P[0], self.P, out=D[0])
+        torch.sub(P[1:], P[:-1], out=D[1:])
+        self.P = P[-1]
+        active = ((ea + eb) > 0).tolist()  # A, B unchanged at the other steps: exact zeros
+        if len(idx) == self.steps:
+            return _mark_active(D.reshape(shape), active)
+        return _mark_active(_scatter_steps(D, idx, self.steps).reshape(shape), active)
 
 
 class _Differencing(_Stateful):
@@ -343,13 +443,13 @@ class _Differencing(_Stateful):
             self.Y = y
             return out
         xt = _split_time(x, self.steps)
-        active = _fed_steps(xt)
+        active = _active_steps(x, self.steps)
         if self.X is None:
             active[0] = True  # f(X_0) - f(X_{-1}) = f(0) - 0 may be non-zero (LayerNorm bias)
         idx = [t for t, a in enumerate(active) if a]
-        if not idx:
-            return x.new_zeros(x.shape)
-        X = _running_sum(self.X, xt[idx])  # the running sum only changes at steps with input
+        if not idx:  # X unchanged: f(X_t) - f(X_{t-1}) = 0 exactly
+            return _mark_active(x.new_zeros(x.shape), active)
+        X = _running_sum(self.X, _take(xt, idx))  # the running sum only changes at steps with input
         self.X = X[-1]
         Y = self.fn(X.reshape(len(idx) * xt.shape[1], *xt.shape[2:])).reshape(X.shape)  # row-wise f, one call
         D = torch.empty_like(Y)
@@ -360,10 +460,8 @@ class _Differencing(_Stateful):
         torch.sub(Y[1:], Y[:-1], out=D[1:])
         self.Y = Y[-1]
         if len(idx) == len(active):
-            return D.reshape(x.shape)
-        out = torch.zeros_like(xt)
-        out[idx] = D
-        return out.reshape(x.shape)
+            return _mark_active(D.reshape(x.shape), active)
+        return _mark_active(_scatter_steps(D, idx, len(active)).reshape(x.shape), active)
 
 
 class SpikingSoftmax(_Differencing):
@@ -375,7 +473,9 @@ class SpikingSoftmax(_Differencing):
         self.reset()
 
     def fn(self, X: torch.Tensor) -> torch.Tensor:
-        return F.softmax(X, dim=self.dim)
+        # exp(X - max) / sum: softmax in three passes (F.softmax is ~3.5x slower on short rows such as N = 17)
+        e = torch.sub(X, X.amax(self.dim, keepdim=True)).exp_()
+        return e.div_(e.sum(self.dim, keepdim=True))
 
 
 class SpikingLayerNorm(_Differencing):
@@ -416,9 +516,13 @@ class SpikingAttention(_Stateful):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, **_: object) -> torch.Tensor:
         b, n, c = x.shape
         check_mask(mask, b // self.steps, n)
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = self.quan_q(q), self.quan_k(k), self.quan_v(v)
-        s = self.qk(q * self.scale, k.transpose(-2, -1))
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim)
+        # neurons on the (B, N, heads, head_dim) slices (element-wise: the layout changes nothing but the copies),
+        # then (B, heads, N, head_dim) views
+        st = self.steps
+        spikes = [neuron(qkv[:, :, i]) for i, neuron in enumerate((self.quan_q, self.quan_k, self.quan_v))]
+        q, k, v = (_inherit_events(h.transpose(1, 2), h, st) for h in spikes)
+        s = self.qk(_inherit_events(q * self.scale, q, st), _inherit_events(k.transpose(-2, -1), k, st))
         if self.first:
             m = additive_mask(mask, s.dtype)
             if m is not None:  # the mask is an input like an embedding: present once, at t = 0
@@ -426,7 +530,8 @@ class SpikingAttention(_Stateful):
                 s[:n0] = s[:n0] + m
         self.first = False
         a = self.attn_quan(self.softmax(s))
-        o = self.after_attn_quan(self.av(a, v)).transpose(1, 2).reshape(b, n, c)
+        o = self.after_attn_quan(self.av(a, v))
+        o = _inherit_events(o.transpose(1, 2).reshape(b, n, c), o, st)
         return self.quan_proj(self.proj(o))
 
 
@@ -456,10 +561,11 @@ class SpikingSelfAttention(_Stateful):
     def forward(self, hidden_states: torch.Tensor, mask: torch.Tensor | None = None, **_: object) -> torch.Tensor:
         b, n, _c = hidden_states.shape
         check_mask(mask, b // self.steps, n)
-        q = self._heads(self.query_quan(self.query(hidden_states)))
-        k = self._heads(self.key_quan(self.key(hidden_states)))
-        v = self._heads(self.value_quan(self.value(hidden_states)))
-        s = self.qk(q, k.transpose(-1, -2)) * self.scaling
+        st = self.steps
+        spikes = [neuron(lin(hidden_states)) for lin, neuron in
+                  ((self.query, self.query_quan), (self.key, self.key_quan), (self.value, self.value_quan))]
+        q, k, v = (_inherit_events(self._heads(h), h, st) for h in spikes)  # head views: same events per step
+        s = self.qk(q, _inherit_events(k.transpose(-1, -2), k, st)) * self.scaling
         if self.first:
             m = additive_mask(mask, s.dtype)
             if m is not None:
@@ -497,7 +603,7 @@ class AnnHead(_Stateful):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xt = _split_time(x, self.steps)
-        active = _fed_steps(xt)
+        active = _active_steps(x, self.steps)
         if self.X is None:
             active[0] = True
 
