@@ -277,7 +277,7 @@ def test_estimator_api_and_determinism(linear_data, est):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"n_neighbors": 0}, "n_neighbors"),
-    ({"n_neighbors": 150}, "n_neighbors"),
+    ({"n_neighbors": 2.5}, "n_neighbors"),  # k >= n is clipped to n − 1 (issue 29), not refused
     ({"alpha": -1.0}, "alpha"),
     ({"beta": -0.1}, "beta"),
     ({"step_scale": 1.5}, "step_scale"),

@@ -39,7 +39,8 @@ def test_dro_regressor_other_methods_pass_check_estimator(method, knob):
 
 @pytest.mark.slow
 def test_gcdro_regressor_passes_check_estimator_with_documented_skips():
-    res = _run_checks(GCDRORegressor(max_iter=60, lr=0.05, n_neighbors=5), GCDROREGRESSOR_SKIPS)
+    # the default n_neighbors=10 on scikit-learn's 10-sample data: k is clipped to n − 1 (issue 29)
+    res = _run_checks(GCDRORegressor(max_iter=60, lr=0.05), GCDROREGRESSOR_SKIPS)
     assert len(res) > 40 and set(GCDROREGRESSOR_SKIPS) == {"check_sample_weight_equivalence_on_dense_data"}
 
 

@@ -32,6 +32,7 @@ from icml24.common import validate as v
 __all__ = [
     "EdgeList",
     "knn_graph",
+    "knn_edges",
     "graph_laplacian",
     "laplacian_apply",
     "dirichlet_energy",
@@ -112,6 +113,78 @@ def knn_graph(x: np.ndarray, *, n_neighbors: int = 10, sigma: float | None = Non
             break
         k = min(2 * k, n - 1)
     return w.tocsr()
+
+
+def _components_torch(nbr: torch.Tensor, w: torch.Tensor) -> int:
+    """Number of connected components of a padded neighbour table (label propagation + pointer jumping)."""
+    n = nbr.shape[0]
+    nb = torch.where(w > 0, nbr, torch.arange(n, device=nbr.device).unsqueeze(1))
+    lab = torch.arange(n, device=nbr.device)
+    while True:
+        new = torch.minimum(lab, lab[nb].amin(1))
+        new = new[new]  # pointer jumping: labels are node ids, follow them
+        if torch.equal(new, lab):
+            return int((lab == torch.arange(n, device=nbr.device)).sum())
+        lab = new
+
+
+def knn_edges(x: torch.Tensor, *, n_neighbors: int = 10, sigma: float | None = None,
+              ensure_connected: bool = True, dtype: torch.dtype = torch.float64) -> EdgeList:
+    """The graph of :func:`knn_graph`, built in torch on ``x``'s device (pairwise distances + ``topk``).
+
+    Same neighbours (ties aside: among equidistant candidates the chosen one may differ), same Gaussian weights
+    ``max(exp(−d²/2σ²), 1e-12)``, same median bandwidth and symmetrisation ``W = max(W, Wᵀ)``, same doubling of
+    k until the graph is connected; returns ``EdgeList.from_adjacency(knn_graph(x))`` without leaving the device
+    (an ``(n, n)`` distance matrix: meant for minibatches, see :class:`~icml24.gcdro.GCDROWeighter`).
+
+    Args:
+        x: ``(n, d)`` floating node features (standardise them first).
+        n_neighbors: k, ``1 <= k < n``.
+        sigma: Gaussian bandwidth σ; ``None`` uses the median kNN distance.
+        ensure_connected: double k until the graph is connected.
+        dtype: floating dtype of the distances and weights.
+    """
+    v.tensor("gcdro", "x", x, ndim=2, floating=True)
+    n = x.shape[0]
+    check_graph_params(n, n_neighbors=n_neighbors, sigma=sigma)
+    if not torch.isfinite(x).all():
+        raise ValueError("gcdro: x contains NaN or inf")
+    z = x.detach().to(dtype)
+    dev = z.device
+    ar = torch.arange(n, device=dev)
+    sq = (z * z).sum(1)
+    d_all = torch.addmm(sq.unsqueeze(1) + sq.unsqueeze(0), z, z.T, alpha=-2.0)  # squared distances (order only)
+    d_all[ar, ar] = float("inf")  # include_self=False (a duplicate row is still a neighbour, at distance 0)
+    k = int(n_neighbors)
+    while True:
+        idx = torch.topk(d_all, k, dim=1, largest=False).indices  # (n, k), nearest first
+        # the union of the kNN edges seen from both ends (W = max(W, Wᵀ)), as sorted unique keys i·n + j
+        rows = ar.repeat_interleave(k)
+        cols = idx.reshape(-1)
+        key = torch.unique(torch.cat([rows * n + cols, cols * n + rows]))  # sorted by (row, col)
+        src = key // n
+        dst = key - src * n
+        # exact distances of the edges (the matmul form above is off by rounding; it only ranks)
+        dist = (z[src] - z[dst]).norm(dim=-1)
+        if sigma is None:  # median over the symmetrised graph's stored entries, zeros (duplicates) excluded
+            vals = dist[dist > 0]
+            s = float(torch.quantile(vals, 0.5)) if vals.numel() else 1.0
+        else:
+            s = float(sigma)
+        s = s if s > 0 else 1.0
+        wv = torch.exp(-(dist ** 2) / (2.0 * s * s)).clamp_min(1e-12)
+        # padded neighbour table, neighbours in increasing index order (as EdgeList.from_adjacency)
+        counts = torch.bincount(src, minlength=n)
+        kmax = max(int(counts.max()), 1)
+        slot = torch.arange(key.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[src]
+        nbr = ar.unsqueeze(1).repeat(1, kmax)
+        w = torch.zeros(n, kmax, dtype=dtype, device=dev)
+        nbr[src, slot] = dst
+        w[src, slot] = wv
+        if not ensure_connected or k >= n - 1 or _components_torch(nbr, w) == 1:
+            break
+        k = min(2 * k, n - 1)
+    return EdgeList(nbr, w, n, w.sum(1))
 
 
 def graph_laplacian(w: sp.spmatrix) -> sp.csr_matrix:

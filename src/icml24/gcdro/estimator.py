@@ -198,7 +198,8 @@ class GCDRORegressor(_BaseWeightedRegressor):
     step); (iv) ``n_neighbors`` is much smaller than n, the noise fraction is small.
 
     Args:
-        n_neighbors: k of the kNN graph (1 <= k < n).
+        n_neighbors: k >= 1 of the kNN graph, clipped to n − 1 on data sets of n <= k samples (as
+            :class:`~icml24.gcdro.GCDROWeighter` does per batch); the k used is ``n_neighbors_``.
         alpha: α >= 0, Dirichlet calibration weight (in units of u = n·q).
         beta: β >= 0, entropy weight / temperature.
         n_inner: T_in, gradient-flow steps per outer step.
@@ -242,7 +243,10 @@ class GCDRORegressor(_BaseWeightedRegressor):
         _check_common(self)
         v.non_negative("gcdro", "alpha", self.alpha)
         v.non_negative("gcdro", "beta", self.beta)
-        core.check_graph_params(n, n_neighbors=self.n_neighbors, sigma=self.sigma)
+        v.integer("gcdro", "n_neighbors", self.n_neighbors, minimum=1)
+        # clip k to n − 1 (the default k = 10 on fewer than 11 samples, e.g. scikit-learn's 10-sample checks)
+        self.n_neighbors_ = min(int(self.n_neighbors), n - 1)
+        core.check_graph_params(n, n_neighbors=self.n_neighbors_, sigma=self.sigma)
         v.integer("gcdro", "n_inner", self.n_inner, minimum=0)
         v.probability("gcdro", "step_scale", self.step_scale, open_low=True, open_high=True)
 
@@ -261,7 +265,7 @@ class GCDRORegressor(_BaseWeightedRegressor):
         z = xt.cpu().numpy()
         if self.use_y:
             z = np.column_stack([z, yt.cpu().numpy()])
-        self.graph_ = core.knn_graph(z, n_neighbors=int(self.n_neighbors), sigma=self.sigma)
+        self.graph_ = core.knn_graph(z, n_neighbors=self.n_neighbors_, sigma=self.sigma)
         self.edges_ = core.EdgeList.from_adjacency(self.graph_, device=self.device)
         self._q_last: torch.Tensor | None = None
         self._train(xt, yt)

@@ -9,12 +9,12 @@
 Per minibatch: a kNN graph of ``features`` (e.g. the inputs or an embedding, detached and standardised per
 batch), then ``n_inner`` steps of the upwind Wasserstein gradient flow of the GCDRO free energy
 (:func:`icml24.gcdro.core.gradient_flow`) from the uniform distribution on the batch. Everything stays on the
-losses' device; only the kNN search runs on the CPU (scikit-learn).
+losses' device, the kNN graph included (:func:`icml24.gcdro.core.knn_edges`: pairwise distances by one matmul + ``topk``, the
+same graph as the scikit-learn one of :func:`~icml24.gcdro.core.knn_graph`, ties aside).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from icml24.common import validate as v
@@ -79,14 +79,13 @@ class GCDROWeighter:
         ell = losses.detach()
         if not torch.isfinite(ell).all():
             raise ValueError(f"{w}: losses contain NaN or inf")
-        z = features.detach().reshape(b, -1).to("cpu", torch.float64).numpy()
-        if not np.all(np.isfinite(z)):
+        z = features.detach().reshape(b, -1).to(device=ell.device, dtype=torch.float64)
+        if not torch.isfinite(z).all():
             raise ValueError(f"{w}: features contain NaN or inf")
         if self.standardize_features:
-            sd = z.std(0)
-            z = (z - z.mean(0)) / np.where(sd > 0, sd, 1.0)
-        graph = core.knn_graph(z, n_neighbors=min(self.n_neighbors, b - 1), sigma=self.sigma)
-        edges = core.EdgeList.from_adjacency(graph, device=ell.device, dtype=torch.float64)
+            sd = z.std(0, unbiased=False)
+            z = (z - z.mean(0)) / torch.where(sd > 0, sd, torch.ones_like(sd))
+        edges = core.knn_edges(z, n_neighbors=min(self.n_neighbors, b - 1), sigma=self.sigma)
         ell64 = ell.to(torch.float64)
         if self.normalize_loss:
             ell64 = ell64 / ell64.mean().clamp_min(1e-12)

@@ -1,0 +1,105 @@
+"""Issue 29, gcdro "in their ecosystems": the default k on small data (scikit-learn's checks) and the torch kNN
+graph of the minibatch weighter (same graph as scikit-learn's, built on the batch's device)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy.sparse.csgraph import connected_components
+from sklearn.utils.estimator_checks import (
+    check_estimators_nan_inf,
+    check_fit2d_1feature,
+    check_regressors_no_decision_function,
+)
+
+from icml24.gcdro import GCDRORegressor, GCDROWeighter, core
+
+
+# ------------------------------------------------------------------------- 5. default k on small data
+@pytest.mark.parametrize("check", [check_estimators_nan_inf, check_regressors_no_decision_function,
+                                   check_fit2d_1feature])
+def test_default_n_neighbors_passes_the_checks_that_use_ten_samples(check):
+    """The three scikit-learn checks that failed with the default k = 10 on their 10-sample data."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check("GCDRORegressor", GCDRORegressor(max_iter=20, lr=0.05))
+
+
+@pytest.mark.parametrize("n", [2, 5, 10, 11])
+def test_default_n_neighbors_is_clipped_to_n_minus_one(n):
+    rng = np.random.default_rng(n)
+    x, y = rng.normal(size=(n, 3)), rng.normal(size=n)
+    est = GCDRORegressor(max_iter=3).fit(x, y)
+    assert est.n_neighbors == 10 and est.n_neighbors_ == min(10, n - 1)
+    assert connected_components(est.graph_, directed=False)[0] == 1
+    assert np.isfinite(est.predict(x)).all()
+
+
+def test_one_sample_is_still_refused():
+    with pytest.raises(ValueError, match="n_samples"):
+        GCDRORegressor(max_iter=3).fit(np.ones((1, 2)), np.ones(1))
+
+
+# ------------------------------------------------------------------------------- 6. torch kNN graph
+def _ref_edges(x: np.ndarray, **kw) -> core.EdgeList:
+    return core.EdgeList.from_adjacency(core.knn_graph(x, **kw))
+
+
+@pytest.mark.parametrize("n, d, k, sigma", [(50, 4, 6, None), (257, 8, 10, None), (100, 2, 5, 0.7),
+                                             (30, 3, 29, None), (12, 1, 1, None)])
+def test_knn_edges_equal_the_scikit_learn_graph(n, d, k, sigma):
+    x = np.random.default_rng(n + d).normal(size=(n, d))  # continuous data: no ties
+    ref = _ref_edges(x, n_neighbors=k, sigma=sigma)
+    new = core.knn_edges(torch.as_tensor(x), n_neighbors=k, sigma=sigma)
+    assert new.n == ref.n and torch.equal(new.nbr, ref.nbr)  # the same neighbours, in the same slots
+    torch.testing.assert_close(new.w, ref.w, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(new.degree, ref.degree, rtol=1e-12, atol=1e-15)
+
+
+def test_knn_edges_double_k_until_connected_as_the_scikit_learn_graph():
+    rng = np.random.default_rng(3)
+    x = np.r_[rng.normal(size=(20, 2)), rng.normal(size=(25, 2)) + 40.0]  # two far clusters
+    ref, new = _ref_edges(x, n_neighbors=3), core.knn_edges(torch.as_tensor(x), n_neighbors=3)
+    assert torch.equal(new.nbr, ref.nbr)
+    torch.testing.assert_close(new.w, ref.w, rtol=1e-9, atol=1e-15)
+    apart = core.knn_edges(torch.as_tensor(x), n_neighbors=3, ensure_connected=False)
+    assert core._components_torch(apart.nbr, apart.w) == 2 and core._components_torch(new.nbr, new.w) == 1
+
+
+def test_knn_edges_keep_duplicate_rows_with_weight_one():
+    x = torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [3.0, 1.0]], dtype=torch.float64)
+    e = core.knn_edges(x, n_neighbors=1)
+    w = torch.zeros(5, 5, dtype=torch.float64)
+    w[torch.arange(5).unsqueeze(1), e.nbr] += e.w
+    assert float(w[0, 1]) == 1.0 and float(w[1, 0]) == 1.0  # distance 0 is an edge of weight exp(0)
+    torch.testing.assert_close(w, w.T)
+
+
+def test_knn_edges_bad_input():
+    with pytest.raises(ValueError, match="n_neighbors"):
+        core.knn_edges(torch.randn(5, 2), n_neighbors=5)
+    with pytest.raises(ValueError, match="NaN"):
+        core.knn_edges(torch.tensor([[0.0], [float("nan")], [1.0]]), n_neighbors=1)
+    with pytest.raises(ValueError, match="x"):
+        core.knn_edges(torch.ones(4, dtype=torch.float64), n_neighbors=1)
+
+
+def test_weighter_builds_its_graph_in_torch_without_scikit_learn(monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    feats, losses = torch.randn(64, 3, generator=g), torch.rand(64, generator=g) + 0.5
+    z = feats.double().numpy()
+    z = (z - z.mean(0)) / z.std(0)
+    ref = core.gradient_flow(losses.double() / losses.double().mean(), _ref_edges(z, n_neighbors=7), alpha=1.0,
+                             beta=0.1, n_steps=10, step_scale=0.5)
+
+    def no_sklearn(*a, **kw):
+        raise AssertionError("the weighter must not call scikit-learn's kNN graph")
+
+    monkeypatch.setattr(core, "knn_graph", no_sklearn)
+    monkeypatch.setattr(core, "kneighbors_graph", no_sklearn)
+    q = GCDROWeighter(n_neighbors=7).update(losses, feats)
+    assert q.dtype == losses.dtype
+    torch.testing.assert_close(q, (ref / ref.sum()).float())
