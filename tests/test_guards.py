@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,9 +16,9 @@ from icml24.common.results import (
     verdict,
 )
 from icml24.report import render_results_md
+from tests.shared_checker import check_results_file
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKER = ROOT.parent / "shared" / "tools" / "check_results.py"
 
 
 def _claim(name: str, holds: bool, **kw) -> ClaimCheck:
@@ -94,14 +93,6 @@ def _result(checks, schema=3) -> RunResult:
                      claim_checks=checks, env={}, timing={"wall_s": 1.0}, schema_version=schema)
 
 
-def _check_file(path: Path) -> str | None:
-    spec = importlib.util.spec_from_file_location("check_results", CHECKER)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.check(str(path))
-
-
-@pytest.mark.skipif(not CHECKER.exists(), reason="the shared checker is not beside this checkout")
 @pytest.mark.parametrize("checks", [
     lambda: [_claim("a", True), _claim("b", True)],
     lambda: [_claim("a", True), _claim("b", False), _sanity("s", False, ["b"])],
@@ -112,7 +103,7 @@ def _check_file(path: Path) -> str | None:
 def test_schema3_files_pass_the_shared_checker_and_round_trip(tmp_path, checks):
     r = _result(checks())
     path = r.save(tmp_path)
-    assert _check_file(path) is None
+    check_results_file(path)
     d = json.loads(path.read_text())
     assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
     for c in d["claim_checks"]:
@@ -131,7 +122,6 @@ def test_report_and_results_md_show_void_claims_with_their_guard(tmp_path):
     assert "Void claim checks:" in md and "| voided by |" in md and "| regime b |" in md
 
 
-@pytest.mark.skipif(not CHECKER.exists(), reason="the shared checker is not beside this checkout")
 def test_schema2_files_keep_their_rule_and_round_trip(tmp_path):
     # schema 2: any failed sanity check makes the run inconclusive, whatever it would guard under schema 3
     r2 = _result([_claim("a", True), _claim("b", True), _sanity("s", False)], schema=2)
@@ -139,7 +129,7 @@ def test_schema2_files_keep_their_rule_and_round_trip(tmp_path):
     path = r2.save(tmp_path)
     d = json.loads(path.read_text())
     assert d["schema_version"] == 2 and all("guards" not in c and "void_by" not in c for c in d["claim_checks"])
-    assert _check_file(path) is None
+    check_results_file(path)
     again = RunResult.load(path)
     assert again.to_dict() == r2.to_dict() and again.label.startswith("inconclusive")
     for committed in sorted((ROOT / "results").glob("*/results.json")):

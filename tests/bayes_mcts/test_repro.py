@@ -7,6 +7,7 @@ import json
 import pytest
 
 from icml24.bayes_mcts.experiment import Config, episode, run
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +50,10 @@ def test_quick_run_headline_direction(quick):
 
 
 def test_quick_run_writes_schema_3_that_the_shared_checker_accepts(quick):
-    import subprocess
-    import sys
-    from pathlib import Path
-
     _, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
-    checker = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
-    if not checker.exists():
-        pytest.skip(f"no shared checker at {checker}")
-    r = subprocess.run([sys.executable, str(checker), str(out / "results.json")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    check_results_file(out / "results.json")
 
 
 def test_each_sanity_check_guards_its_environments_claims(quick):

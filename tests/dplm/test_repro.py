@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,8 +11,7 @@ import torch
 from icml24.common.results import ClaimCheck, verdict
 from icml24.common.tuning import tune_grid
 from icml24.dplm.experiment import FINE_TUNED_METRICS, PLAUSIBLE, Config, run, tuning_checks
-
-CHECKER = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +92,9 @@ def test_tuning_run_at_the_full_budget_is_seed_zeros_model():
     assert all(torch.equal(p, q) for p, q in zip(again.parameters(), nets["dplm"].parameters(), strict=True))
 
 
-@pytest.mark.skipif(not CHECKER.exists(), reason="the shared checker is not beside this checkout")
 def test_the_shared_checker_accepts_the_quick_result(quick):
     _, out = quick
-    spec = importlib.util.spec_from_file_location("check_results", CHECKER)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.check(str(out / "results.json")) is None
+    check_results_file(out / "results.json")
 
 
 def test_guards_void_exactly_the_claims_they_name(quick):

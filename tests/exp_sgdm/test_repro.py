@@ -5,9 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +18,7 @@ from icml24.exp_sgdm.experiment import (
     run,
     train_mlp,
 )
-
-CHECKER = Path(__file__).resolve().parents[3] / "shared" / "tools" / "check_results.py"
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -116,13 +112,11 @@ def test_guards_name_the_claim_and_a_failed_guard_voids_it(quick):
     assert verdict(checks)["claims_void"] == 0
 
 
-@pytest.mark.skipif(not CHECKER.exists(), reason="the shared checker is not beside this checkout")
 def test_quick_run_writes_schema_3_that_the_shared_checker_accepts(quick):
     _, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
-    proc = subprocess.run([sys.executable, str(CHECKER), str(out / "results.json")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check_results_file(out / "results.json")
 
 
 def test_the_claims_test_rejects_the_small_lr_control(quick):

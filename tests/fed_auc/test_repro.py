@@ -5,16 +5,12 @@ from __future__ import annotations
 import copy
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from icml24.common.results import ClaimCheck, verdict
 from icml24.fed_auc.experiment import TUNED_ARMS, Config, run
-
-CHECKER = Path(__file__).resolve().parents[3] / "shared" / "tools" / "check_results.py"
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +98,11 @@ def test_guards_name_the_claims_they_condition_and_void_only_those(quick):
         assert c.void_by == sorted(n for n, s in sanity.items() if not s.passed and (not s.guards or c.name in s.guards))
 
 
-@pytest.mark.skipif(not CHECKER.exists(), reason="the shared checker is not beside this checkout")
 def test_quick_run_writes_schema_3_that_the_shared_checker_accepts(quick):
     _, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
-    proc = subprocess.run([sys.executable, str(CHECKER), str(out / "results.json")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check_results_file(out / "results.json")
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -4,10 +4,8 @@ the arms and the validation-only model selection."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +29,7 @@ from icml24.iffn.experiment import (
     tune_lr,
     tuning_guards,
 )
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +102,7 @@ def test_quick_run_writes_schema3_that_the_shared_checker_accepts(quick_result):
     _, out = quick_result
     data = json.loads((out / "results.json").read_text())
     assert data["schema_version"] == 3 and "claims_void" in data["verdict"]
-    checker = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
-    if not checker.exists():
-        pytest.skip("the shared checker is not beside this checkout")
-    spec = importlib.util.spec_from_file_location("check_results", checker)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.check(str(out / "results.json")) is None
+    check_results_file(out / "results.json")
 
 
 def test_quick_guards_name_exactly_their_claims(quick_result):

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ from icml24.common.results import ClaimCheck, verdict
 from icml24.lococo.cache import make_compressors
 from icml24.lococo.experiment import H2O_BOUND_ARM, Config, knob_grid, run, tune_baseline, window_losses
 from icml24.lococo.model import tiny_llama
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +73,7 @@ def test_quick_run_writes_schema3_that_the_shared_checker_accepts(quick):
     _, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
-    checker = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
-    if not checker.exists():
-        pytest.skip("the shared checker is not beside this checkout")
-    spec = importlib.util.spec_from_file_location("check_results", checker)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.check(str(out / "results.json")) is None
+    check_results_file(out / "results.json")
 
 
 def test_per_budget_sanity_checks_guard_only_their_budgets_claim(quick):

@@ -3,9 +3,7 @@ fine-tuning regime."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +11,7 @@ import pytest
 from icml24.common.progress import set_quiet
 from icml24.common.results import ClaimCheck, verdict
 from icml24.loraplus.experiment import FT_ARMS, Config, run
-
-CHECKER = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +64,7 @@ def test_results_file_is_schema_3_and_passes_the_shared_checker(quick):
     res, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
-    if CHECKER.exists():
-        spec = importlib.util.spec_from_file_location("check_results", CHECKER)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        assert mod.check(str(out / "results.json")) is None
+    check_results_file(out / "results.json")
 
 
 def test_every_arm_is_tuned_with_tune_grid_on_the_same_budget(quick):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,6 +31,7 @@ from icml24.mola.experiment import (
     train_arm,
     tune_arm,
 )
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -137,13 +136,7 @@ def test_tune_arm_tunes_lr_inside_alpha_and_extends_both_grids():
 
 def test_quick_run_writes_schema3_that_the_shared_checker_accepts(quick_result):
     _, out = quick_result
-    checker = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
-    if not checker.exists():
-        pytest.skip("the shared checker is not beside this checkout")
-    spec = importlib.util.spec_from_file_location("check_results", checker)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.check(str(out / "results.json")) is None
+    check_results_file(out / "results.json")
     extra = json.loads((out / "results.json").read_text())["extra"]
     for arm in ARMS:  # every tuning (and its extensions) is recorded
         t = extra["tuning"][arm]

@@ -4,16 +4,12 @@ in a temporary cache; ~20 s on 2 cores): the results file, not the claims' direc
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from icml24.next_gpt.experiment import CLAIM_IMPLICIT, CLAIM_SELECTION, CLAIMS_OF_ARM, Config, run
-
-CHECKER = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
-
+from tests.shared_checker import check_results_file
 
 # Config.quick() shrunk until the whole run (frozen parts included) fits the default suite; every stage, arm, tuning
 # grid, check and artefact is still there, only too small to train anything.
@@ -44,15 +40,7 @@ def test_reduced_quick_run_end_to_end_writes_a_schema_3_result_the_checker_accep
     assert res.extra["frozen_hashes_identical"] == [1.0, 1.0]  # the frozen parts stayed frozen in every arm
     assert {"claims.png", "gallery_image.png", "stage_curves.png"} <= set(d["artifacts"])
     assert all((tmp_path / "out" / a).stat().st_size > 1000 for a in d["artifacts"])
-    if CHECKER.exists():
-        assert _checker().check(str(tmp_path / "out" / "results.json")) is None
-
-
-def _checker():
-    spec = importlib.util.spec_from_file_location("check_results", CHECKER)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    check_results_file(tmp_path / "out" / "results.json")
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +87,8 @@ def test_checks_are_labelled_paired_and_tuned_on_validation(quick):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not CHECKER.exists(), reason="the shared checker is not beside this checkout")
 def test_the_shared_checker_accepts_the_quick_result(quick):
     _, out = quick
     d = json.loads((out / "results.json").read_text())
-    assert d["schema_version"] == 3 and _checker().check(str(out / "results.json")) is None
+    assert d["schema_version"] == 3
+    check_results_file(out / "results.json")

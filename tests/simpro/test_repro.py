@@ -3,17 +3,14 @@ tune_grid picks, config errors."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from icml24.common.results import verdict
 from icml24.simpro.experiment import CONTROL, Config, _data, run, run_arm
-
-CHECKER = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +54,7 @@ def test_results_file_is_schema_3_and_passes_the_shared_checker(quick):
     res, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
-    if CHECKER.exists():
-        spec = importlib.util.spec_from_file_location("check_results", CHECKER)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        assert mod.check(str(out / "results.json")) is None
+    check_results_file(out / "results.json")
 
 
 def test_every_sanity_check_guards_only_its_own_cells_claim(quick):
