@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +15,7 @@ from icml24.private_density.experiment import (
     theory_slope,
     tune_kappa_priv,
 )
-
-CHECKER = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "check_results.py"
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -104,11 +101,7 @@ def test_results_file_is_schema_3_and_passes_the_shared_checker(quick):
     res, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["schema_version"] == 3 and "claims_void" in d["verdict"]
-    if CHECKER.exists():
-        spec = importlib.util.spec_from_file_location("check_results", CHECKER)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        assert mod.check(str(out / "results.json")) is None
+    check_results_file(out / "results.json")
 
 
 def test_the_negative_controls_guard_the_claim_and_the_c2_regime_votes_on_nothing(quick):
