@@ -7,6 +7,7 @@ import json
 import pytest
 
 from icml24.icl_theory.experiment import Config, run
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +53,9 @@ def test_quick_run_theory_mechanisms(quick):
 def test_bad_config_raises(kw, match):
     with pytest.raises(ValueError, match=match):
         Config(**kw)
+
+
+def test_quick_result_is_schema_3_and_passes_the_shared_checker(quick):
+    _, out = quick
+    assert json.loads((out / "results.json").read_text())["schema_version"] == 3
+    check_results_file(out / "results.json")

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from icml24.spikezip_tf.experiment import Config, run
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +92,9 @@ def test_config_validation():
         Config(max_steps=64, time_steps=(4, 128))
     with pytest.raises(ValueError, match="rate_percentile"):
         Config(rate_percentile=0.0)
+
+
+def test_quick_result_is_schema_3_and_passes_the_shared_checker(quick):
+    _, out = quick
+    assert json.loads((out / "results.json").read_text())["schema_version"] == 3
+    check_results_file(out / "results.json")

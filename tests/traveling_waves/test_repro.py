@@ -11,6 +11,7 @@ import torch
 
 from icml24.traveling_waves import Curriculum, ElmanRNN, eigenvalues, near_unit_count, train_rnn
 from icml24.traveling_waves.experiment import Config, run, twm_exactness
+from tests.shared_checker import check_results_file
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +89,9 @@ def test_quick_config_is_small_and_full_config_is_the_documented_one():
     assert q.steps < f.steps and len(f.seeds) >= 5
     assert (f.d, f.s, f.hidden, f.test_horizon) == (6, 6, 128, 200)
     assert np.isclose(f.spectral_threshold, 0.2) and np.isclose(f.r2_threshold, 0.9)
+
+
+def test_quick_result_is_schema_3_and_passes_the_shared_checker(quick):
+    _, out = quick
+    assert json.loads((out / "results.json").read_text())["schema_version"] == 3
+    check_results_file(out / "results.json")
