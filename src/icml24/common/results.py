@@ -108,8 +108,8 @@ class ClaimCheck:
             # DESIGN § Verdicts: a method tuned to its natural bound *is* that arm; a claim against it cannot hold
             self.passed = False
             note = f"{self.method_arm or 'the method'} reduces to {self.reduces_to} (tuned to its natural bound)"
-            self.detail = note if not self.detail else f"{self.detail}. {note}" if note not in self.detail \
-                else self.detail
+            if note not in self.detail:  # from_dict re-derives the check from a detail that already says it
+                self.detail = f"{self.detail}. {note}" if self.detail else note
 
     @property
     def void(self) -> bool:
@@ -222,17 +222,16 @@ def verdict(checks: Sequence[ClaimCheck], *, schema: int = SCHEMA_VERSION) -> di
     """
     if schema not in READABLE_SCHEMAS:
         raise ValueError(f"verdict: schema {schema!r} is not one of {READABLE_SCHEMAS}")
-    resolve_guards(checks)
     claims = [c for c in checks if c.kind == "claim"]
     mechs = [c for c in checks if c.kind == "mechanism"]
     sanity_failed = [c.name for c in checks if c.kind == "sanity" and not c.passed]
     m_held = sum(c.passed for c in mechs)
-    if schema == 2:
+    if schema == 2:  # no guards: a failed sanity check makes the whole run inconclusive below
         for c in claims:
             c.void_by = []
-        live = claims
     else:
-        live = [c for c in claims if not c.void]
+        resolve_guards(checks)
+    live = [c for c in claims if not c.void]
     held, void = sum(c.passed for c in live), len(claims) - len(live)
     if schema == 2 and sanity_failed:
         label = "inconclusive"
@@ -341,11 +340,6 @@ class RunResult:
     @property
     def label(self) -> str:
         return self.verdict["label"]
-
-    @property
-    def holds(self) -> bool:
-        """True when every claim that is not void holds and at least half are testable."""
-        return self.label.startswith("holds")
 
     @property
     def claims_held(self) -> int:
