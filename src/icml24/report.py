@@ -80,20 +80,19 @@ def render_results_md(results_dir: Path) -> str:
             continue
         lines += ["", f"## {slug}: {r.paper.get('title')}", "", f"**Claim.** {r.claim}", "",
                   f"**Verdict: {r.label}.** Seeds {r.seeds}, mode {r.mode}, git {r.env.get('git_sha')}."]
-        claims = r.checks("claim")
-        groups = {"Claim": [c for c in claims if not c.void], "Void claim": [c for c in claims if c.void],
-                  "Mechanism": r.checks("mechanism"), "Sanity": r.checks("sanity")}
-        for title, checks in groups.items():
+        titles = {"claim": "Claim", "void": "Void claim", "mechanism": "Mechanism", "sanity": "Sanity"}
+        for kind, checks in r.check_groups().items():
             if not checks:
                 continue
-            extra = {"Void claim": "voided by", "Sanity": "guards"}.get(title) if r.schema_version >= 3 else None
-            lines += ["", f"{title} checks:", "",
+            # schema 3: void claims name the guards that voided them, sanity checks the claims they guard
+            extra = {"void": "voided by", "sanity": "guards"}.get(kind) if r.schema_version >= 3 else None
+            lines += ["", f"{titles[kind]} checks:", "",
                       "| check | paper | arms (mean ± std) | measured [95% CI] | threshold | "
                       + (f"{extra} | " if extra else "") + "verdict |",
                       "|---" * (7 if extra else 6) + "|"]
             for c in checks:
                 paper = c.paper_value if c.paper_value is not None else "—"
-                col = {"voided by": lambda c: "; ".join(c.void_by), "guards": guard_scope}[extra](c) if extra else None
+                col = ("; ".join(c.void_by) if kind == "void" else guard_scope(c)) if extra else ""
                 lines.append(f"| {c.name} | {paper} | {_arms(r, c)} | {format_measured(c)} | "
                              f"{c.direction} {c.threshold:.4g} | " + (f"{col} | " if extra else "")
                              + f"{'void' if c.void else check_status(c)} |")

@@ -350,6 +350,12 @@ class RunResult:
         """True when the verdict is "holds" with no claim void (every claim holds, no sanity check failed)."""
         return self.label == "holds"
 
+    def check_groups(self) -> dict[str, list[ClaimCheck]]:
+        """The checks as reports show them: claims that vote, void claims, mechanisms, sanity checks."""
+        claims = self.checks("claim")
+        return {"claim": [c for c in claims if not c.void], "void": [c for c in claims if c.void],
+                "mechanism": self.checks("mechanism"), "sanity": self.checks("sanity")}
+
     def checks(self, kind: Kind) -> list[ClaimCheck]:
         return [c for c in self.claim_checks if c.kind == kind]
 
@@ -556,10 +562,7 @@ def render_report(r: RunResult) -> str:
     lines += [f"Mode: **{r.mode}** · seeds: {r.seeds} · wall time: {r.timing.get('wall_s', 0):.1f} s", "",
               f"**Claim.** {r.claim}", "",
               f"**Verdict: {verdict_line(r.verdict).replace(' — ', '** — ', 1)}", ""]
-    claims = r.checks("claim")
-    groups = {"claim": [c for c in claims if not c.void], "void": [c for c in claims if c.void],
-              "mechanism": r.checks("mechanism"), "sanity": r.checks("sanity")}
-    for kind, checks in groups.items():
+    for kind, checks in r.check_groups().items():
         if checks:
             lines += [f"## {_KIND_TITLES[kind]}", "", *check_table(r, checks), ""]
     details = [f"- {c.name}: {c.detail}" for c in r.claim_checks if c.detail]
