@@ -35,17 +35,11 @@ import numpy as np
 
 from icml24.common.results import ClaimCheck
 
-__all__ = ["Tuned", "tune_grid", "repick", "tuning_check", "SELECTION_RULES", "select_models", "selection_role"]
+__all__ = ["Tuned", "tune_grid", "repick", "tuning_check", "SELECTION_RULES", "select_models"]
 
 Edge = Literal["low", "high"]
 SELECTION_RULES: tuple[str, ...] = ("training-domain validation", "leave-one-domain-out", "test-domain oracle",
                                     "worst-group validation")
-# What each rule is for, in the words a report uses.
-_RULE_ROLE = {"training-domain validation": "the claim's rule unless the Config declares another",
-              "leave-one-domain-out": "a held-out shifted domain not among the test domains",
-              "test-domain oracle": "an upper bound: a held-out slice of the test domains; never the claim",
-              "worst-group validation": "sub-population shift: the worst group's validation score"}
-
 Scores = Mapping[str, Sequence[float]]
 Evaluate = Callable[[list[float]], Sequence["Scores | Sequence[float]"]]
 
@@ -154,14 +148,16 @@ def _step(grid: Sequence[float], edge: Edge, log: bool) -> float:
 
 
 def _pick(values: Sequence[float], records: Mapping[float, Mapping[str, Sequence[float]]], score: str, *,
-          maximize: bool, centre: float, log: bool) -> float:
-    """The one-standard-error rule: of the values within one SE of the best mean, the nearest to ``centre``."""
+          maximize: bool, declared: Sequence[float], log: bool) -> float:
+    """The one-standard-error rule: of the values within one SE of the best mean, the one nearest the centre of
+    the ``declared`` grid (in log scale for a log grid), then the smaller one."""
     sign = 1.0 if maximize else -1.0
     val = {v: _signed_mean(records[v][score], sign) for v in values}
     best = max(values, key=lambda v: val[v])
     tol = _se(records[best][score])
     ok = [v for v in values if val[v] >= val[best] - tol]
     f = (lambda v: math.log(v)) if log else float
+    centre = (f(min(declared)) + f(max(declared))) / 2
     return min(ok, key=lambda v: (round(abs(f(v) - centre), 9), v))
 
 
@@ -204,8 +200,6 @@ def tune_grid(evaluate: Evaluate, grid: Sequence[float], *, score: str = "score"
     lo, hi = limits
     if (lo is not None and vals[0] < lo) or (hi is not None and vals[-1] > hi):
         raise ValueError(f"tune_grid: grid {vals} crosses its limits {limits}")
-    f = (lambda v: math.log(v)) if log else float
-    centre = (f(vals[0]) + f(vals[-1])) / 2
     records: dict[float, dict[str, list[float]]] = {}
 
     def run(new: list[float]) -> None:
@@ -240,7 +234,7 @@ def tune_grid(evaluate: Evaluate, grid: Sequence[float], *, score: str = "score"
         run([new])
         extensions.append(new)
         vals = sorted(records)
-    value = _pick(vals, records, score, maximize=maximize, centre=centre, log=log)
+    value = _pick(vals, records, score, maximize=maximize, declared=grid, log=log)
     return Tuned(value=value, grid=vals, declared=sorted({float(v) for v in grid}), records=records, score=score,
                  maximize=maximize, log=log, max_extra=max_extra, extensions=extensions,
                  natural_bound=natural_bound, reduces_to=reduces_to, limits=(lo, hi))
@@ -252,9 +246,7 @@ def repick(tuned: Tuned, *, score: str, maximize: bool | None = None) -> Tuned:
     if missing:
         raise KeyError(f"repick: no {score!r} scores for values {missing}")
     mx = tuned.maximize if maximize is None else maximize
-    f = (lambda v: math.log(v)) if tuned.log else float
-    centre = (f(tuned.declared[0]) + f(tuned.declared[-1])) / 2
-    value = _pick(tuned.grid, tuned.records, score, maximize=mx, centre=centre, log=tuned.log)
+    value = _pick(tuned.grid, tuned.records, score, maximize=mx, declared=tuned.declared, log=tuned.log)
     return Tuned(value=value, grid=list(tuned.grid), declared=list(tuned.declared), records=tuned.records,
                  score=score, maximize=mx, log=tuned.log, max_extra=tuned.max_extra,
                  extensions=list(tuned.extensions), natural_bound=tuned.natural_bound, reduces_to=tuned.reduces_to,
@@ -309,8 +301,3 @@ def select_models(evaluate: Evaluate, grid: Sequence[float], *, rule: str = "tra
         raise ValueError("select_models: the test-domain oracle is an upper bound to report, never the claim's rule")
     main = tune_grid(evaluate, grid, score=rule, maximize=maximize, **tune_kwargs)
     return {rule: main, **{r: repick(main, score=r) for r in names[1:]}}
-
-
-def selection_role(rule: str) -> str:
-    """One phrase saying what a selection rule is for (for reports and READMEs)."""
-    return _RULE_ROLE[rule]
