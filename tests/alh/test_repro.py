@@ -92,8 +92,8 @@ def test_tuning_uses_validation_seeds_only(tmp_path, monkeypatch):
     tune = [c for c in calls if c[1] in (50, 51)]
     # both picks sat at an edge that beat its neighbour: one extension each by the grid's ratio, which lost
     tr = res.extra["tuning"]
-    assert tr["td3"]["extensions"] == pytest.approx([1e-3 * 1e-3 / 3e-4]) and tr["td3"]["inside"]
-    assert tr["alh_g"]["extensions"] == pytest.approx([3e-4 * 3e-4 / 1e-3]) and tr["alh_g"]["inside"]
+    assert tr["td3"]["extensions"] == pytest.approx([1e-3 * 1e-3 / 3e-4]) and tr["td3"]["ok"]
+    assert tr["alh_g"]["extensions"] == pytest.approx([3e-4 * 3e-4 / 1e-3]) and tr["alh_g"]["ok"]
     assert tr["td3"]["declared"] == list(cfg.lr_grid) and len(tr["td3"]["grid"]) == 3
     want = {(a, lr) for a in ("td3", "alh_g") for lr in cfg.lr_grid} | {
         ("td3", tr["td3"]["extensions"][0]), ("alh_g", tr["alh_g"]["extensions"][0])}

@@ -461,10 +461,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     extra = {
         "tuned_lr": lr_of,
         "val_final_return": {f"{a}@{lr:g}": t.records[lr]["final"] for a, t in tunings.items() for lr in t.grid},
-        "tuning": {a: {"picked": t.value, "grid": t.grid, "declared": t.declared, "extensions": t.extensions,
-                       "max_extra": t.max_extra, "inside": t.ok,
-                       "val_mean": {f"{lr:g}": t.mean(lr) for lr in t.grid},
-                       "val_se": {f"{lr:g}": t.se(lr) for lr in t.grid}} for a, t in tunings.items()},
+        "tuning": {a: t.record() for a, t in tunings.items()},
         "iqm_final_return": iqm,
         "curves": {a: {"steps": next(iter(logs[a].values()))["steps"],
                        "seeds": list(logs[a]), "returns": [lg["returns"] for lg in logs[a].values()]} for a in arms},

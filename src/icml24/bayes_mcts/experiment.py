@@ -146,9 +146,7 @@ def tune_knob(episode_fn: Any, planner: str, grid: tuple[float, ...], val_seeds:
 
 def tuning_record(t: Tuned) -> dict[str, Any]:
     """What ``extra["tuning"]`` keeps of one tuned knob: the pick, the evaluated grid, the extensions."""
-    return {"picked": t.value, "grid": t.grid, "declared": t.declared, "extensions": t.extensions,
-            "max_extra": t.max_extra, "inside": t.ok, "val_success": {f"{x:g}": t.mean(x) for x in t.grid},
-            "val_return": {f"{x:g}": t.mean(x, "return") for x in t.grid}}
+    return {**t.record(), "val_return": {f"{x:g}": t.mean(x, "return") for x in t.grid}}
 
 
 def _iqm(scores: dict[str, np.ndarray], reps: int) -> dict[str, dict[str, float]]:

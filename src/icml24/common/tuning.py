@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -105,6 +105,15 @@ class Tuned:
     def ok(self) -> bool:
         """Strictly inside the evaluated grid, at its declared natural bound, or at a hard domain limit."""
         return self.edge is None or self.at_natural_bound or self.at_limit
+
+    def record(self) -> dict[str, Any]:
+        """What a run's ``extra`` keeps of this knob: the pick, the evaluated and declared grids, the extensions,
+        where the pick sits, and the validation mean and standard error of every evaluated value."""
+        return {"picked": self.value, "grid": list(self.grid), "declared": list(self.declared),
+                "extensions": list(self.extensions), "max_extra": self.max_extra, "edge": self.edge, "ok": self.ok,
+                "at_natural_bound": self.at_natural_bound, "at_limit": self.at_limit,
+                "val_mean": {f"{v:g}": self.mean(v) for v in self.grid},
+                "val_se": {f"{v:g}": self.se(v) for v in self.grid}}
 
     def describe(self) -> str:
         pts = ", ".join(f"{v:.4g}: {self.mean(v):.4g}±{self.se(v):.2g}" for v in self.grid)

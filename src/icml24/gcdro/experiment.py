@@ -585,9 +585,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             detail=(f"tuning: {arm}'s selected value must lie inside its evaluated grid or at its natural bound, "
                     f"else the C2 comparisons that include it may be against an untuned arm. (seed, data set D1/D2) "
                     f"cells, selection {cfg.selection}, up to {cfg.grid_extra} extensions{nb}")))
-        tuning[arm] = {d: [{"picked": t.value, "grid": t.grid, "declared": t.declared, "extensions": t.extensions,
-                            "at_natural_bound": t.at_natural_bound, "ok": t.ok} for t in tuned_cells[d][arm]]
-                       for d in ("d1", "d2")}
+        tuning[arm] = {d: [t.record() for t in tuned_cells[d][arm]] for d in ("d1", "d2")}
 
     artifacts = [_plot_matched(cfg, s, out_dir / "c1_matched_tv.png"),
                  _plot_weights(c1_example, out_dir / "worst_case_weights.png"),

@@ -529,9 +529,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     edge = [a for a in arms if not lr_tuned[a].ok]
     return rec.finish(checks, artifacts=artifacts, extra={
         "tuned_lr": tuned, "tune_seed": tune_seed, "lr_at_grid_edge": edge,
-        "tuning": {a: {"knob": "lr", "picked": t.value, "grid": t.grid, "declared": t.declared,
-                       "extensions": t.extensions, "ok": t.ok, "max_extra": t.max_extra}
-                   for a, t in lr_tuned.items()},
+        "tuning": {a: {"knob": "lr", **t.record()} for a, t in lr_tuned.items()},
         "lr_sweep_val_acc": {a: {str(lr): t.mean(lr) for lr in t.grid} for a, t in lr_tuned.items()},
         "ffn_costs_per_series": costs, "num_tokens": cfg.num_patches + (cfg.pool == "cls"),
         "paired_acc_differences": ablations, "agelu_shift_spread": shift_spread,

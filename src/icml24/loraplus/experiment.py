@@ -230,12 +230,6 @@ def _lead(sentence: str, check: ClaimCheck) -> ClaimCheck:
     return check
 
 
-def _tuning_record(t: Tuned) -> dict:
-    """What ``extra["tuning"]`` keeps of one tuned knob: the pick, the evaluated grid and the extensions."""
-    return {"picked": t.value, "grid": list(t.grid), "declared": list(t.declared), "extensions": list(t.extensions),
-            "ok": t.ok}
-
-
 def run(cfg: Config, out_dir: Path) -> RunResult:
     out_dir = Path(out_dir)
     rec = RunRecorder(SLUG, cfg, out_dir)
@@ -421,13 +415,13 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                 title="Toy model: feature updates at step 2")
     axes[0].legend(fontsize=7)
     artifacts.append(save_figure(fig, out_dir / "toy_scaling.png"))
-    tuning = {a: _tuning_record(ft_tuned[a]) for a in FT_ARMS}
+    tuning = {a: ft_tuned[a].record() for a in FT_ARMS}
     tuning["width_law"] = {
         "grid_extra": cfg.grid_extra,
-        "lambda_by_width": {str(n): _tuning_record(lam_tuned[n]) for n in cfg.widths},
-        "lambda_by_seed_width": {str(s): {str(n): _tuning_record(seed_lam[s][n]) for n in cfg.widths}
+        "lambda_by_width": {str(n): lam_tuned[n].record() for n in cfg.widths},
+        "lambda_by_seed_width": {str(s): {str(n): seed_lam[s][n].record() for n in cfg.widths}
                                  for s in cfg.seeds},
-        "eta_a_by_width_lambda": {str(n): {f"{lam:g}": _tuning_record(t) for lam, t in sorted(lr_tuned[n].items())}
+        "eta_a_by_width_lambda": {str(n): {f"{lam:g}": t.record() for lam, t in sorted(lr_tuned[n].items())}
                                   for n in cfg.widths},
         "checks": {c.name: {"measured": c.measured, "passed": c.passed, "detail": c.detail}
                    for c in (lam_check, lr_check)}}

@@ -367,11 +367,6 @@ def tune_arm(arm: str, cfg: Config, point: Point) -> dict[str, Any]:
     return {"lr": per_alpha[outer.value], "alpha_over_r": outer, "lr_per_alpha": per_alpha}
 
 
-def _tuned_record(t: Tuned) -> dict[str, Any]:
-    return {"picked": t.value, "grid": t.grid, "declared": t.declared, "extensions": t.extensions, "ok": t.ok,
-            "max_extra": t.max_extra, "val_mean_acc": {f"{v:g}": t.mean(v) for v in t.grid}}
-
-
 CLAIMS = {"mola_grad": "MoLA-Grad > HPS (mean test accuracy over domains)",
           "mola_router_twd": "MoLA-Router+TwD > HPS (mean test accuracy over domains)"}
 # which claims each arm's tuning check guards (the claims the arm is in); STL (the conflict check's arm: an
@@ -511,9 +506,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     return rec.finish(checks, artifacts=arts, extra={
         "paired_mean_acc_differences": paired, "tuned": {a: {"lr": best[a][0], "alpha_over_r": best[a][1]}
                                                          for a in ARMS},
-        "tuning": {a: {"lr": _tuned_record(t["lr"]),
-                       "alpha_over_r": _tuned_record(t["alpha_over_r"]) if t["alpha_over_r"] else None,
-                       "lr_per_alpha": {f"{k:g}": _tuned_record(v) for k, v in t["lr_per_alpha"].items()}}
+        "tuning": {a: {"lr": t["lr"].record(),
+                       "alpha_over_r": t["alpha_over_r"].record() if t["alpha_over_r"] else None,
+                       "lr_per_alpha": {f"{k:g}": v.record() for k, v in t["lr_per_alpha"].items()}}
                    for a, t in tuning.items()},
         "validation_mean_acc_grid": grid, "label_maps": label_maps(swaps=cfg.swaps).tolist(),
         "domains": list(DOMAINS), "arms": list(ARMS)})

@@ -372,9 +372,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                      "icl_k": int(tunings["stage2_icl"].value),
                      "val": {arm: {f"{v:g}": {k: t.mean(v, k) for k in t.records[v]} for v in t.grid}
                              for arm, t in tunings.items()},
-                     "tuning": {arm: {"picked": t.value, "grid": list(t.grid), "declared": list(t.declared),
-                                      "extensions": list(t.extensions), "ok": t.ok}
-                                for arm, t in tunings.items()},
+                     "tuning": {arm: t.record() for arm, t in tunings.items()},
                      "grid_extra": cfg.grid_extra}
             extra["tuning_s"] = round(time.perf_counter() - t_tune, 1)
             sig3, c3s = trained["signal", tuned["signal_lr"]]
