@@ -1,12 +1,14 @@
 """Reproduction: rates and adaptivity of private projection density estimators (Lalanne & Gadat, ICML 2024).
 
-For densities of known Sobolev smoothness beta on [0,1]^d (d = 1, 2) and a small zCDP budget rho, every
-arm is run on the same samples: the oracle-cutoff private estimator, the private Lepskii estimator, and two
-privacy-naive choices (the non-private optimal cutoff released with the same noise; classical Lepskii on the
-same private family). ISE is exact by Parseval. Claim: private Lepskii stays within 3x of the oracle MISE in the
-privacy-dominated cells (the naive choices, >= 5x worse there, are its negative controls). Mechanisms: the
-empirical MISE matches the closed form, and at a privacy level rho_n scaled so that the privacy cost (private /
-non-private oracle MISE) stays constant as n grows, the oracle MISE decays with slope -2beta/(beta+d) in n sqrt(rho_n).
+For densities of known Sobolev smoothness beta on [0,1]^d (d = 1, 2), every arm is run on the same samples, at a
+fixed small zCDP budget rho and at a budget rho_n that holds the privacy cost constant: the all-cutoffs oracle,
+the within-family oracle (best member of the released dyadic family), the private Lepskii estimator, and three
+negative controls (the non-private optimal cutoff released with the same noise; classical Lepskii on the same
+private family; the oracle cutoff of the smallest n kept for every n). ISE is exact by Parseval. Claim (issue 29,
+"adaptive up to a log factor" as a rate statement): per (d, beta), the slope of log(private Lepskii / oracle
+MISE) against log n stays below rate_bound (a log factor, slope ~ 1/ln n, passes; n^a with a > rate_bound fails);
+each control must fail the same statistic. Mechanisms: the empirical MISE matches the closed form, and at rho_n the
+oracle MISE decays with slope -2beta/(beta+d) in n sqrt(rho_n).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from icml24.common.config import ExperimentConfig
 from icml24.common.config import help_text as _h
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
-from icml24.common.results import ClaimCheck, RunRecorder, RunResult
+from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check
 from icml24.common.seeding import numpy_generator, seed_everything
 from icml24.common.stats import one_sample_ci
 from icml24.common.tuning import Tuned, tune_grid
@@ -40,7 +42,13 @@ from icml24.private_density.projection import (
 )
 
 SLUG = "private_density"
-ARMS = ("oracle", "lepskii_private", "nonprivate_cutoff", "lepskii_naive")
+ARMS = ("oracle", "within_family", "lepskii_private", "lepskii_naive", "nonprivate_cutoff", "fixed_cutoff")
+"""Arms per path: the all-cutoffs oracle, the within-family oracle, the method, and three negative controls."""
+CONTROLS = {"nonprivate_cutoff": "non-private optimal cutoff", "lepskii_naive": "privacy-naive Lepskii",
+            "fixed_cutoff": "fixed cutoff (the oracle cutoff of the smallest n, not adapted to n)"}
+"""The negative controls of the C3 rate claims (arm -> label)."""
+PATHS = ("fixed", "scaled")
+"""fixed: rho = cfg.rho at every n; scaled: rho_n at constant closed-form privacy cost cfg.cost_target."""
 
 
 @dataclass(frozen=True)
@@ -88,8 +96,19 @@ class Config(ExperimentConfig):
     grid_extra: int = field(default=2, metadata=_h(
         "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets the same "
         "budget (used by tune_kappa_priv, the held-out calibration of kappa_2; the run itself tunes nothing)"))
-    lepskii_factor: float = field(default=3.0, metadata=_h("claim C3: private Lepskii / oracle MISE <= this"))
-    naive_factor: float = field(default=5.0, metadata=_h("claim C3: privacy-naive / oracle MISE >= this"))
+    rate_bound: float = field(default=0.25, metadata=_h(
+        "C3 (issue 29): per (d, beta), the mean per-seed slope of log(median ISE ratio to the all-cutoffs oracle) "
+        "against log n must have its upper 95% t bound <= this. An exact log factor C log n has slope 1/ln n = "
+        "0.109..0.079 over n = 1e4..3e5 (with C log M of the dyadic family, M = log2 N_max + 1, constant in n), so "
+        "it passes; a polynomial loss n^a with a > 0.25 fails. Fixed before the run; the constant C is reported "
+        "unchecked"))
+    claim_path: Literal["fixed", "scaled"] = field(default="fixed", metadata=_h(
+        "C3 path in (n, rho): 'fixed' rho = cfg.rho at every n (the old C3 cells, all privacy-dominated), "
+        "'scaled' the constant-privacy-cost rho_n of C2; the other path is reported unchecked"))
+    control_arms: tuple[str, ...] = field(default=("nonprivate_cutoff", "lepskii_naive", "fixed_cutoff"),
+                                          metadata=_h(
+        "negative controls of C3: the claim's own rate statistic is applied to each on the claim path and "
+        "must reject it (upper 95% bound of its slope > rate_bound); each guards the C3 claim of its (d, beta)"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -110,8 +129,9 @@ class Config(ExperimentConfig):
         val.in_range(w, "cost_band", self.cost_band, 1.0, math.inf, low_open=True)
         val.positive(w, "closed_form_tol", self.closed_form_tol)
         val.integer(w, "grid_extra", self.grid_extra, minimum=0)
-        val.in_range(w, "lepskii_factor", self.lepskii_factor, 1.0, math.inf, low_open=True)
-        val.in_range(w, "naive_factor", self.naive_factor, 1.0, math.inf, low_open=True)
+        val.positive(w, "rate_bound", self.rate_bound)
+        val.one_of(w, "claim_path", self.claim_path, PATHS)
+        val.each(w, "control_arms", self.control_arms, val.one_of, tuple(CONTROLS))
 
     @classmethod
     def quick(cls) -> Config:
@@ -161,67 +181,101 @@ def rho_for_cost(pieces: dict[int, dict[str, float]], *, n: int, cost: float) ->
     return math.exp(0.5 * (lo + hi))
 
 
+def _family_oracle_cutoff(pieces: dict[int, dict[str, float]], *, n: int, noise_energy: dict[int, float]) -> int:
+    """The within-family oracle: the member of the released dyadic family with the smallest closed-form MISE,
+    bias^2 + sum Var/n + its exact noise energy under the family's budget split (it knows f, like the oracle)."""
+    return min(noise_energy, key=lambda c: (pieces[c]["bias2"] + pieces[c]["stat"] / n + noise_energy[c], c))
+
+
 def _cell(cfg: Config, dens: TrigDensity, d: int, n: int, pieces: dict[int, dict[str, float]],
-          rng: np.random.Generator, kappa_grid: tuple[float, ...] = (), rho_scaled: float | None = None) -> dict:
-    """All arms on the same data sets for one (density, n): ISE per rep and chosen cutoffs. With ``rho_scaled``
-    the oracle-cutoff estimator is also released at that budget from the same data sets (arm ``oracle_scaled``)."""
+          rng: np.random.Generator, kappa_grid: tuple[float, ...] = (), rho_scaled: float | None = None,
+          fixed_cuts: dict[str, int] | None = None) -> dict:
+    """All arms on the same data sets for one (density, n): ISE per rep and chosen cutoffs, at the fixed budget
+    ``cfg.rho`` (path "fixed") and, with ``rho_scaled``, at the constant-privacy-cost budget rho_n (path "scaled").
+
+    Arms per path: the all-cutoffs oracle (closed-form argmin over 0..N_max, full budget), the within-family oracle
+    (closed-form best member of the released dyadic family), private Lepskii (the method), privacy-naive Lepskii
+    (kappa_2 = 0 on the same release), the non-private optimal cutoff and the fixed cutoff ``fixed_cuts[path]``
+    (the oracle cutoff of the path's smallest n, never adapted to n), each released at the full budget."""
     nmax = cfg.max_cutoff(d)
     kmax = cube_index_set(cutoff=nmax, dim=d)
     linf = np.abs(kmax).max(1)
     true = dens.coefficients_on(kmax)
-    priv = ZCDP(cfg.rho)
-    mise_p, mise_np = _mise_curves(pieces, n, cfg.rho)
-    n_or, n_np = int(mise_p.argmin()), int(mise_np.argmin())
-    if rho_scaled is not None:
-        mise_s = _mise_curves(pieces, n, rho_scaled)[0]
-        n_sc = int(mise_s.argmin())
     bias2 = {N: pieces[N]["bias2"] for N in range(nmax + 1)}
 
     def ise(coefs: np.ndarray, N: int) -> float:
         return float(np.sum((coefs - true[linf <= N]) ** 2)) + bias2[N]
 
-    out: dict[str, list[float]] = {a: [] for a in ARMS}
-    out.update(cut_lepskii_private=[], cut_lepskii_naive=[], nonprivate_oracle=[], oracle_scaled=[])
+    levels = {"fixed": cfg.rho} | ({"scaled": rho_scaled} if rho_scaled is not None else {})
+    plan: dict[str, dict] = {}
+    for p, rho in levels.items():
+        mise_p, mise_np = _mise_curves(pieces, n, rho)
+        n_or = int(mise_p.argmin())
+        plan[p] = {"rho": rho, "mise_p": mise_p, "mise_np": mise_np, "within": None,
+                   "cuts": {"oracle": n_or, "nonprivate_cutoff": int(mise_np.argmin())}}
+        if fixed_cuts is not None:  # without it (the kappa calibration) the control is not drawn: same stream as before
+            plan[p]["cuts"]["fixed_cutoff"] = int(fixed_cuts[p])
+    n_np = plan["fixed"]["cuts"]["nonprivate_cutoff"]
+    acc = {p: {a: [] for a in (*ARMS, "cut_lepskii_private", "cut_lepskii_naive")} for p in levels}
+    nonprivate_oracle: list[float] = []
     by_kappa: dict[float, list[float]] = {k: [] for k in kappa_grid}
     for _ in range(cfg.samples_per_cell):
         x = dens.sample(n, rng=rng)
         theta_hat = empirical_coefficients(x, cutoff=nmax)
-        out["nonprivate_oracle"].append(ise(theta_hat[linf <= n_np], n_np) if n_np > 0 else bias2[0])
+        nonprivate_oracle.append(ise(theta_hat[linf <= n_np], n_np) if n_np > 0 else bias2[0])
         for _ in range(cfg.noise_draws):
-            for arm, N in (("oracle", n_or), ("nonprivate_cutoff", n_np)):
-                sel = linf <= N
-                coefs, _ = privatize_coefficients(theta_hat[sel], index_set=kmax[sel], n=n, privacy=priv, rng=rng)
-                out[arm].append(ise(coefs, N))
-            if rho_scaled is not None:
-                sel = linf <= n_sc
-                coefs, _ = privatize_coefficients(theta_hat[sel], index_set=kmax[sel], n=n, privacy=ZCDP(rho_scaled),
-                                                  rng=rng)
-                out["oracle_scaled"].append(ise(coefs, n_sc))
-            lep = PrivateLepskiiDensity(privacy=priv, max_cutoff=nmax, scheme=cfg.scheme, kappa_stat=cfg.kappa_stat,
-                                        kappa_priv=cfg.kappa_priv, random_state=rng)
-            lep.fit_from_coefficients(theta_hat, n=n, dim=d)
-            naive = lep.select_cutoff(kappa_priv=0.0)
-            out["lepskii_private"].append(ise(lep.coefficients_, lep.cutoff_))
-            out["lepskii_naive"].append(ise(lep.candidate_coefficients_[naive], naive))
-            out["cut_lepskii_private"].append(lep.cutoff_)
-            out["cut_lepskii_naive"].append(naive)
-            for kap in kappa_grid:  # post-processing of the same release
-                cut = lep.select_cutoff(kappa_priv=kap)
-                by_kappa[kap].append(ise(lep.candidate_coefficients_[cut], cut))
-    cost = float(mise_p.min() / mise_np.min())
-    res = {"n": n, "cut_oracle": n_or, "cut_nonprivate": n_np, "closed_form_oracle_mise": float(mise_p[n_or]),
-           "closed_form_nonprivate_mise": float(mise_np[n_np]),
-           "privacy_cost": cost, "privacy_dominated": bool(cost >= cfg.dominated_cost),
-           "mise": {a: float(np.mean(out[a])) for a in (*ARMS, "nonprivate_oracle")},
-            "median_ise": {a: float(np.median(out[a])) for a in ARMS},
-            "median_cut": {"lepskii_private": float(np.median(out["cut_lepskii_private"])),
-                           "lepskii_naive": float(np.median(out["cut_lepskii_naive"]))},
-            "median_ise_by_kappa": {k: float(np.median(v)) for k, v in by_kappa.items()}}
+            for p, pl in plan.items():
+                priv = ZCDP(pl["rho"])
+                for arm, N in pl["cuts"].items():
+                    sel = linf <= N
+                    coefs, _ = privatize_coefficients(theta_hat[sel], index_set=kmax[sel], n=n, privacy=priv,
+                                                      rng=rng)
+                    acc[p][arm].append(ise(coefs, N))
+                lep = PrivateLepskiiDensity(privacy=priv, max_cutoff=nmax, scheme=cfg.scheme,
+                                            kappa_stat=cfg.kappa_stat, kappa_priv=cfg.kappa_priv, random_state=rng)
+                lep.fit_from_coefficients(theta_hat, n=n, dim=d)
+                if pl["within"] is None:  # deterministic: the noise energies depend on n, rho and the family only
+                    pl["within"] = _family_oracle_cutoff(pieces, n=n, noise_energy=lep.candidate_noise_energy_)
+                    pl["within_energy"] = float(lep.candidate_noise_energy_[pl["within"]])
+                w = pl["within"]
+                naive = lep.select_cutoff(kappa_priv=0.0)
+                acc[p]["within_family"].append(ise(lep.candidate_coefficients_[w], w))
+                acc[p]["lepskii_private"].append(ise(lep.coefficients_, lep.cutoff_))
+                acc[p]["lepskii_naive"].append(ise(lep.candidate_coefficients_[naive], naive))
+                acc[p]["cut_lepskii_private"].append(lep.cutoff_)
+                acc[p]["cut_lepskii_naive"].append(naive)
+                if p == "fixed":
+                    for kap in kappa_grid:  # post-processing of the same release
+                        cut = lep.select_cutoff(kappa_priv=kap)
+                        by_kappa[kap].append(ise(lep.candidate_coefficients_[cut], cut))
+    m_np = float(np.mean(nonprivate_oracle))
+    paths = {}
+    for p, pl in plan.items():
+        mise_p, mise_np = pl["mise_p"], pl["mise_np"]
+        w = pl["within"]
+        paths[p] = {
+            "rho": pl["rho"], "cuts": pl["cuts"] | {"within_family": w},
+            "closed_form": {"oracle": float(mise_p[pl["cuts"]["oracle"]]),
+                            "within_family": pieces[w]["bias2"] + pieces[w]["stat"] / n + pl["within_energy"],
+                            "nonprivate_oracle": float(mise_np.min())},
+            "privacy_cost": float(mise_p.min() / mise_np.min()),
+            "mise": {a: float(np.mean(acc[p][a])) for a in ARMS if acc[p][a]},
+            "median_ise": {a: float(np.median(acc[p][a])) for a in ARMS if acc[p][a]},
+            "median_cut": {a: float(np.median(acc[p][f"cut_{a}"])) for a in ("lepskii_private", "lepskii_naive")}}
+    fx = paths["fixed"]
+    res = {"n": n, "cut_oracle": fx["cuts"]["oracle"], "cut_nonprivate": n_np,
+           "cut_within_family": fx["cuts"]["within_family"], "cut_fixed": fx["cuts"].get("fixed_cutoff"),
+           "closed_form_oracle_mise": fx["closed_form"]["oracle"],
+           "closed_form_nonprivate_mise": fx["closed_form"]["nonprivate_oracle"],
+           "privacy_cost": fx["privacy_cost"], "privacy_dominated": bool(fx["privacy_cost"] >= cfg.dominated_cost),
+           "mise": fx["mise"] | {"nonprivate_oracle": m_np}, "median_ise": fx["median_ise"],
+           "median_cut": fx["median_cut"], "median_ise_by_kappa": {k: float(np.median(v)) for k, v in by_kappa.items()},
+           "paths": paths}
     if rho_scaled is not None:
-        m_sc = float(np.mean(out["oracle_scaled"]))
-        res["scaled"] = {"rho": rho_scaled, "cut_oracle": n_sc, "mise": m_sc,
-                         "closed_form_mise": float(mise_s[n_sc]),
-                         "measured_cost": m_sc / res["mise"]["nonprivate_oracle"]}
+        sc = paths["scaled"]
+        res["scaled"] = {"rho": rho_scaled, "cut_oracle": sc["cuts"]["oracle"], "mise": sc["mise"]["oracle"],
+                         "closed_form_mise": sc["closed_form"]["oracle"],
+                         "measured_cost": sc["mise"]["oracle"] / m_np}
     return res
 
 
@@ -268,10 +322,28 @@ def tune_kappa_priv(cfg: Config, *, kappa_grid: tuple[float, ...] = KAPPA_GRID, 
     return tune_grid(evaluate, kappa_grid, score="worst_ratio", maximize=False, log=True, max_extra=cfg.grid_extra)
 
 
-def _slope(ns: list[int], mise: list[float]) -> float:
+def _slope(ns: list[float], vals: list[float]) -> float:
+    """Least-squares slope of log(vals) against log(ns); NaN with fewer than 3 points."""
     if len(ns) < 3:
         return float("nan")
-    return float(np.polyfit(np.log(ns), np.log(mise), 1)[0])
+    return float(np.polyfit(np.log(ns), np.log(vals), 1)[0])
+
+
+def _key(d: int, beta: float) -> str:
+    return f"d{d}_b{beta:g}"
+
+
+def c3_name(d: int, beta: float) -> str:
+    """Name of the C3 rate claim of one (d, beta) (the controls' guards name it)."""
+    return f"C3 private Lepskii / oracle MISE grows at most like a log factor in n, d={d}, beta={beta:g}"
+
+
+def ratio_slopes(series: list[dict], path: str, *, baseline: str = "oracle") -> dict[str, float]:
+    """Per arm, the slope of log(median ISE of the arm / median ISE of ``baseline``) against log n over one
+    (d, beta) series of cells on ``path`` (the C3 rate statistic)."""
+    ns = [c["n"] for c in series]
+    return {a: _slope(ns, [c["paths"][path]["median_ise"][a] / c["paths"][path]["median_ise"][baseline]
+                           for c in series]) for a in ARMS if a != baseline}
 
 
 def run(cfg: Config, out_dir: Path) -> RunResult:
@@ -279,6 +351,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     cells: dict[int, list[dict]] = {}
     per_seed_slopes: dict[int, dict[str, float]] = {}
     per_seed_fixed: dict[int, dict[str, float]] = {}
+    # rate[seed][path][key][arm]: C3 slope of log(arm / all-cutoffs oracle); rate_wf: of log(arm / within-family)
+    rate: dict[int, dict[str, dict[str, dict[str, float]]]] = {}
+    rate_wf: dict[int, dict[str, dict[str, dict[str, float]]]] = {}
     # NOTE: the products here are small; one BLAS thread avoids oversubscription on shared CPUs.
     with threadpool_limits(limits=1):
         for seed in progress(cfg.seeds, desc=SLUG):
@@ -287,25 +362,34 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             rows = []
             slopes: dict[str, float] = {}
             slopes_fixed: dict[str, float] = {}
+            rate[seed] = {p: {} for p in PATHS}
+            rate_wf[seed] = {p: {} for p in PATHS}
             for d in cfg.dims:
                 for bi, beta in enumerate(cfg.betas):
                     dens = TrigDensity.sobolev(beta=beta, dim=d, degree=cfg.degree(d), seed=10_000 * seed + 100 * d + bi,
                                                decay_excess=cfg.decay_excess, scaling=cfg.scaling)
                     pieces = {N: expected_mise(dens, cutoff=N, n=1, privacy=ZCDP(1.0))
                               for N in range(cfg.max_cutoff(d) + 1)}
+                    rhos = {n: rho_for_cost(pieces, n=n, cost=cfg.cost_target) for n in cfg.n_grid}
+                    n0 = cfg.n_grid[0]
+                    # the fixed-cutoff control: each path's oracle cutoff at the smallest n, kept for every n
+                    fixed_cuts = {"fixed": int(_mise_curves(pieces, n0, cfg.rho)[0].argmin()),
+                                  "scaled": int(_mise_curves(pieces, n0, rhos[n0])[0].argmin())}
                     series = []
                     for n in cfg.n_grid:
-                        c = _cell(cfg, dens, d, n, pieces, rng,
-                                  rho_scaled=rho_for_cost(pieces, n=n, cost=cfg.cost_target))
+                        c = _cell(cfg, dens, d, n, pieces, rng, rho_scaled=rhos[n], fixed_cuts=fixed_cuts)
                         c.update(d=d, beta=beta)
                         series.append(c)
-                    key = f"d{d}_b{beta:g}"
+                    key = _key(d, beta)
                     dom = [c for c in series if c["privacy_dominated"]]
                     # schema 1's slope (fixed rho, privacy-dominated n only), kept for comparison, not checked
                     slopes_fixed[key] = _slope([c["n"] for c in dom], [c["mise"]["oracle"] for c in dom])
                     # C2: constant privacy cost; the rate in the effective sample size n sqrt(rho_n)
                     slopes[key] = _slope([c["n"] * math.sqrt(c["scaled"]["rho"]) for c in series],
                                          [c["scaled"]["mise"] for c in series])
+                    for p in PATHS:
+                        rate[seed][p][key] = ratio_slopes(series, p)
+                        rate_wf[seed][p][key] = ratio_slopes(series, p, baseline="within_family")
                     rows += series
             cells[seed] = rows
             per_seed_slopes[seed] = slopes
@@ -313,11 +397,19 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             dom = [c for c in rows if c["privacy_dominated"]]
             metrics: dict[str, dict[str, float]] = {a: {} for a in ARMS}
             for a in ARMS:
+                # the constant factor (reported, unchecked): worst and mean log ratio over the privacy-dominated
+                # fixed-rho cells, and per (d, beta, path) the C3 slopes
                 r = [c["median_ise"][a] / c["median_ise"]["oracle"] for c in dom]
-                # worst = largest ratio (the private Lepskii check), best = smallest (the privacy-naive checks)
                 metrics[a]["worst_ratio_to_oracle"] = max(r) if r else math.nan
                 metrics[a]["best_ratio_to_oracle"] = min(r) if r else math.nan
                 metrics[a]["mean_log10_ratio_to_oracle"] = float(np.mean(np.log10(r))) if r else math.nan
+                if a == "oracle":
+                    continue
+                for p in PATHS:
+                    for key, sl in rate[seed][p].items():
+                        metrics[a][f"rate_slope_{p}_{key}"] = sl[a]
+                        if a != "within_family":
+                            metrics[a][f"rate_slope_vs_within_family_{p}_{key}"] = rate_wf[seed][p][key][a]
             metrics["oracle_scaled"] = {}
             for key, sl in slopes.items():
                 d, beta = int(key[1]), float(key.split("_b")[1])
@@ -366,7 +458,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                    f"MISE of the non-private oracle, same data sets)")
     for d in cfg.dims:
         for beta in cfg.betas:
-            key = f"d{d}_b{beta:g}"
+            key = _key(d, beta)
             vals = [per_seed_slopes[sd][key] for sd in cfg.seeds]
             fixed = [per_seed_fixed[sd][key] for sd in cfg.seeds]
             mean_slope = float(np.mean(vals))
@@ -381,41 +473,77 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                        f"{', '.join(f'{v:.3f}' for v in vals)}) vs theory {th:.3f}; rho_n sets the closed-form "
                        f"privacy cost to {cfg.cost_target:g} at every n; schema-1 fixed-rho slope over the "
                        f"privacy-dominated n: {np.mean(fixed):.3f}; {regime_note}"))
-    dom_all = [c for sd in cfg.seeds for c in cells[sd] if c["privacy_dominated"]]
 
-    def ratios(arm: str) -> list[float]:
-        return [c["median_ise"][arm] / c["median_ise"]["oracle"] for c in dom_all]
+    # C3 (issue 29): "adaptive up to a log factor" as a rate statement, per (d, beta), on cfg.claim_path
+    P = cfg.claim_path
+    other = next(p for p in PATHS if p != P)
+    summary_c3: dict[str, dict] = {}
 
-    lep = ratios("lepskii_private")
-    # the adaptivity claim: per seed, log(worst privacy-dominated cell's median-ISE ratio to the oracle)
-    # (the oracle's own ratio is 1), its mean and 95% CI against log(lepskii_factor)
-    c3 = "C3 private Lepskii within 3x of oracle MISE (worst privacy-dominated cell)"
-    checks.append(rec.paired(
-        name=c3,
-        metric="worst_ratio_to_oracle", method_arm="lepskii_private", baseline_arm="oracle", direction="<=",
-        threshold=float(np.log(cfg.lepskii_factor)), log_ratio=True, kind="claim",
-        paper_value="adaptive up to log factor",
-        detail=f"median-ISE ratio over {len(lep)} cells x seeds: max {max(lep, default=math.nan):.3g}, "
-               f"median {np.median(lep) if lep else math.nan:.3g}"))
-    for arm, label in (("nonprivate_cutoff", "non-private optimal cutoff"),
-                       ("lepskii_naive", "privacy-naive Lepskii")):
-        r = ratios(arm)
-        # negative controls: privacy-naive cutoff choices must be far from the oracle (sanity)
-        checks.append(ClaimCheck(
-            name=f"C3 {label} >= 5x worse than oracle (best privacy-dominated cell)",
-            metric="best_ratio_to_oracle", measured=min(r) if r else math.nan, threshold=cfg.naive_factor,
-            direction=">=", kind="sanity", baseline_arm="oracle", method_arm=arm, guards=[c3],
-            paper_value="privacy-naive cutoffs drown in noise",
-            detail=f"negative control: a variant the paper's argument says must fail, here the {label} (a cutoff "
-                   f"chosen without the privacy noise), must be far from the oracle in every privacy-dominated "
-                   f"cell, or the C3 claim does not tell adaptivity to privacy apart. Median-ISE ratio over "
-                   f"{len(r)} cells x seeds: min {min(r, default=math.nan):.3g}, "
-                   f"median {np.median(r) if r else math.nan:.3g}"))
+    def fmt(st: dict) -> str:
+        return f"{st['mean']:.3f} [{st['ci_low']:.3f}, {st['ci_high']:.3f}]"
+
+    def geo(cs: list[dict], path: str, arm: str, base: str = "oracle") -> float:
+        """Geometric-mean median-ISE ratio over cells (the constant factor, reported unchecked)."""
+        return float(np.exp(np.mean([np.log(c["paths"][path]["median_ise"][arm] / c["paths"][path]["median_ise"][base])
+                                     for c in cs])))
+
+    controls: list[ClaimCheck] = []
+    for d in cfg.dims:
+        for beta in cfg.betas:
+            key = _key(d, beta)
+            name = c3_name(d, beta)
+            cs = [c for sd in cfg.seeds for c in cells[sd] if c["d"] == d and c["beta"] == beta]
+            st = {p: {a: one_sample_ci([rate[sd][p][key][a] for sd in cfg.seeds]) for a in ARMS if a != "oracle"}
+                  for p in PATHS}
+            st_wf = {p: one_sample_ci([rate_wf[sd][p][key]["lepskii_private"] for sd in cfg.seeds]) for p in PATHS}
+            summary_c3[key] = {
+                "claim_path": P, "slopes": st, "lepskii_vs_within_family_slopes": st_wf,
+                "constant_geo_mean_ratio": {p: {a: geo(cs, p, a) for a in ARMS} for p in PATHS},
+                "lepskii_vs_within_family_geo_mean_ratio": {p: geo(cs, p, "lepskii_private", "within_family")
+                                                            for p in PATHS},
+                "worst_ratio": {p: max(c["paths"][p]["median_ise"]["lepskii_private"]
+                                       / c["paths"][p]["median_ise"]["oracle"] for c in cs) for p in PATHS}}
+            sm = summary_c3[key]
+            checks.append(one_sample_check(
+                name=name, metric=f"rate_slope_{P}_{key}",
+                values=[rate[sd][P][key]["lepskii_private"] for sd in cfg.seeds], direction="<=",
+                threshold=cfg.rate_bound, kind="claim", arm="lepskii_private",
+                paper_value="adaptive up to a log factor: slope of log(ratio) ~ 1/ln n = 0.08-0.11",
+                detail=f"per seed, slope of log(median ISE private Lepskii / median ISE all-cutoffs oracle) against "
+                       f"log n over n = {', '.join(f'{n:g}' for n in cfg.n_grid)} at "
+                       f"{'rho = ' + format(cfg.rho, 'g') if P == 'fixed' else 'constant privacy cost'}; bound "
+                       f"{cfg.rate_bound:g} (a log factor passes, a polynomial loss n^a, a > {cfg.rate_bound:g}, "
+                       f"fails). Unchecked: constant factor (geometric-mean ratio over cells x seeds) "
+                       f"{sm['constant_geo_mean_ratio'][P]['lepskii_private']:.3g}, worst cell "
+                       f"{sm['worst_ratio'][P]:.3g}; within-family oracle / oracle: slope "
+                       f"{fmt(st[P]['within_family'])}, constant {sm['constant_geo_mean_ratio'][P]['within_family']:.3g} "
+                       f"(the family's granularity and budget split); private Lepskii / within-family oracle: slope "
+                       f"{fmt(st_wf[P])}, constant {sm['lepskii_vs_within_family_geo_mean_ratio'][P]:.3g} (the "
+                       f"selection rule's own loss); on the {other} path: slope {fmt(st[other]['lepskii_private'])}, "
+                       f"constant {sm['constant_geo_mean_ratio'][other]['lepskii_private']:.3g}"))
+            for arm in cfg.control_arms:
+                sa = st[P][arm]
+                # negative control (DESIGN § Verdicts): the claim's own statistic on a variant that must lose; the
+                # claim rejects it when its upper bound exceeds the rate bound (the claim's check would not pass)
+                controls.append(ClaimCheck(
+                    name=f"C3 negative control: the rate statistic rejects the {CONTROLS[arm].split(' (')[0]}, "
+                         f"d={d}, beta={beta:g}",
+                    metric=f"rate_slope_ci_high_{P}_{key}", measured=sa["ci_high"], threshold=cfg.rate_bound,
+                    direction=">=", kind="sanity", baseline_arm="oracle", method_arm=arm, guards=[name],
+                    paper_value="a choice blind to privacy or to n must lose",
+                    detail=f"negative control: the {CONTROLS[arm]} under the claim's own statistic; rejected when "
+                           f"the upper 95% bound of its mean per-seed slope exceeds {cfg.rate_bound:g}. Slope "
+                           f"{fmt(sa)} over {sa['n']} seeds (per seed "
+                           f"{', '.join(f'{rate[sd][P][key][arm]:.3f}' for sd in cfg.seeds)}); constant "
+                           f"(geometric-mean ratio, unchecked) {sm['constant_geo_mean_ratio'][P][arm]:.3g}; on the "
+                           f"{other} path: slope {fmt(st[other][arm])}"))
+    checks += controls
 
     artifacts = _plots(cfg, cells, Path(out_dir))
     table = [{k: v for k, v in c.items()} | {"seed": sd} for sd in cfg.seeds for c in cells[sd]]
     return rec.finish(checks, artifacts=artifacts, extra={
         "ratio_definition": "median ISE of the arm / median ISE of the oracle-cutoff arm, same data sets",
+        "c3_rate": summary_c3, "rate_slopes": rate, "rate_slopes_vs_within_family": rate_wf,
         "cells": table, "slopes": per_seed_slopes, "slopes_fixed_rho": per_seed_fixed,
         "closed_form_ratio_mean_over_seeds": rel,
         "c2_regime": {"cost_band_factor": regime_factor, "cost_band": cfg.cost_band, "holds": regime_ok,
