@@ -103,3 +103,86 @@ def test_weighter_builds_its_graph_in_torch_without_scikit_learn(monkeypatch):
     q = GCDROWeighter(n_neighbors=7).update(losses, feats)
     assert q.dtype == losses.dtype
     torch.testing.assert_close(q, (ref / ref.sum()).float())
+
+
+# ------------------------------------------------------------------ D2: the minority is a region of x
+def test_region_minority_is_the_region_x1_above_the_cut():
+    from scipy.stats import norm
+
+    from icml24.gcdro import subpopulation_regression
+
+    rng = np.random.default_rng(0)
+    x, y, g = subpopulation_regression(n=20_000, rng=rng, minority=0.1, noise=0.0)
+    cut = norm.ppf(0.9)
+    assert abs(cut - 1.2816) < 1e-3
+    np.testing.assert_array_equal(g, (x[:, 0] > cut).astype(int))
+    assert abs(g.mean() - 0.1) < 0.01
+    # its own slope there: y = x·(1, 0.1) on the minority, x·(1, 1) elsewhere
+    np.testing.assert_allclose(y[g == 1], x[g == 1] @ np.array([1.0, 0.1]), atol=1e-12)
+    np.testing.assert_allclose(y[g == 0], x[g == 0] @ np.array([1.0, 1.0]), atol=1e-12)
+    for group, side in (("minority", 1), ("majority", 0)):
+        xg, _, gg = subpopulation_regression(n=5000, rng=rng, group=group)
+        assert (gg == side).all() and ((xg[:, 0] > cut) == bool(side)).all()
+        # the conditional law of x₁ is the truncated normal's (mean φ(c)/(1−Φ(c)) on the minority side)
+        want = norm.pdf(cut) / (1 - norm.cdf(cut)) if side else -norm.pdf(cut) / norm.cdf(cut)
+        assert abs(xg[:, 0].mean() - want) < 0.05 and abs(xg[:, 1].std() - 1.0) < 0.05
+
+
+def test_region_minority_is_a_region_of_the_knn_graph_and_the_independent_one_is_not():
+    """GCDRO's geometric term acts on the kNN graph of x: the region minority's neighbours are mostly minority,
+    the independent (DN20_2) minority's are the population's 10%."""
+    from icml24.gcdro import subpopulation_regression
+
+    share = {}
+    for layout in ("region", "independent"):
+        x, _, g = subpopulation_regression(n=600, rng=np.random.default_rng(1), layout=layout)
+        e = core.knn_edges(torch.as_tensor(x), n_neighbors=10)
+        nbr, w = e.nbr.numpy(), e.w.numpy()
+        m = g == 1
+        share[layout] = float(((g[nbr] == 1) * (w > 0))[m].sum() / (w > 0)[m].sum())
+    assert share["region"] > 0.7 and share["independent"] < 0.25, share
+
+
+def test_subpopulation_regression_bad_input():
+    from icml24.gcdro import subpopulation_regression
+
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="layout"):
+        subpopulation_regression(n=10, rng=rng, layout="cluster")
+    with pytest.raises(ValueError, match="group"):
+        subpopulation_regression(n=10, rng=rng, group="both")
+    with pytest.raises(ValueError, match="minority"):
+        subpopulation_regression(n=10, rng=rng, minority=1.0)
+
+
+def test_d2_regime_uses_the_baselines_only(monkeypatch):
+    """The D2 regime guard's statistics come from ERM and the DRO baselines (never GCDRO): the noise-free D2 tuned by
+    D2's declared rule, then KL and χ² refit at their noise-free picks on the noisy labels."""
+    from icml24.common.seeding import numpy_generator
+    from icml24.gcdro import experiment as ex
+
+    cfg = ex.Config.quick().replace(n_train=80, n_val=60, n_test=60, n_select=40, max_iter=40)
+    built = []
+    real = ex.make_estimator
+
+    def spy(cfg_, arm, value, seed):
+        built.append(arm)
+        return real(cfg_, arm, value, seed)
+
+    monkeypatch.setattr(ex, "make_estimator", spy)
+    d2 = ex.d2_data(cfg, numpy_generator(5), numpy_generator(6))
+    assert (d2["y"] != d2["y_clean"]).sum() == round(cfg.noise_frac * cfg.n_train)  # the gross noise only
+    reg = ex.d2_regime(cfg, 5, d2)
+    assert "gcdro" not in built and set(built) == {"erm", *ex.REGIME_ARMS}
+    m = reg["metrics"]
+    assert reg["selected"] in ex.REGIME_ARMS and reg["selected"] != "erm"
+    assert reg["selected"] == min(ex.REGIME_ARMS, key=lambda a: m[a]["d2_clean_select_score"])
+    assert m[ex.BEST]["d2_clean_dro_rmse_minority"] == m[reg["selected"]]["d2_clean_rmse_minority"]
+    rule = ex.selection_rules(cfg, "d2")[0]
+    for arm in ex.PESSIMISM_ARMS:
+        assert m[arm]["d2_clean_param"] == reg["tuning"][arm]["picked"]
+        refit = d2["score"](real(cfg, arm, m[arm]["d2_clean_param"], 5).fit(d2["x"], d2["y"]))
+        assert m[arm]["d2_noisy_at_clean_pick_rmse_minority"] == refit["d2_rmse_minority"]
+        clean = d2["score_clean"](real(cfg, arm, m[arm]["d2_clean_param"], 5).fit(d2["x"], d2["y_clean"]))
+        assert m[arm]["d2_clean_rmse_minority"] == clean["d2_rmse_minority"]  # tuned on the clean labels
+        assert m[arm]["d2_clean_select_score"] == clean[rule]

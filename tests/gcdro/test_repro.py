@@ -69,7 +69,7 @@ def test_quick_checks_are_labelled_and_claims_are_paired(quick_result):
     res, _ = quick_result
     cfg = Config.quick()
     kinds = [c.kind for c in res.claim_checks]
-    assert kinds == ["claim"] * 3 + ["mechanism"] * 3 + ["claim"] * 2 + ["sanity"] * (5 + len(grid_specs(cfg)))
+    assert kinds == ["claim"] * 3 + ["mechanism"] * 3 + ["claim"] * 2 + ["sanity"] * (8 + len(grid_specs(cfg)))
     c1 = res.checks("claim")[:3]
     for level, c in zip(cfg.tv_levels, c1, strict=True):
         assert c.metric == f"c1_noisy_mass_tv{level:g}" and c.method_arm == "gcdro"
@@ -93,9 +93,10 @@ def test_quick_best_baseline_is_selected_on_validation(quick_result):
         for row, arm in zip(res.per_seed, extra["best_baseline"][d], strict=True):
             m = row["metrics"]
             assert arm != "gcdro" and m[BEST][metric] == m[arm][metric]
-            # the declared rule (training-domain validation) picks the best baseline by its own score
+            # the declared rule (D1 leave-one-domain-out, D2 worst-group validation) picks the best baseline by
+            # its own score, which is not the training-domain validation RMSE
             assert m[arm][f"{d}_select_score"] == min(m[a][f"{d}_select_score"] for a in ARMS if a != "gcdro")
-            assert m[arm][f"{d}_val_rmse"] == m[arm][f"{d}_select_score"]
+            assert all(m[a][f"{d}_val_rmse"] != m[a][f"{d}_select_score"] for a in ARMS)
 
 
 def test_quick_calibration_beats_uncalibrated_flow(quick_result):
@@ -175,6 +176,13 @@ def test_quick_sanity_checks_name_what_they_guard(quick_result):
     assert len(c1_guards) == 3  # the KL regime, the TV match, the negative control
     d1_regime = next(c for c in sanity if "D1's shift" in c.name)
     assert d1_regime.guards == [n for n in c2 if "D1" in n]
+    d2_regime = [c for c in sanity if "label noise" in c.name]
+    assert len(d2_regime) == 3 and all(c.guards == [n for n in c2 if "D2" in n] for c in d2_regime)
+    # nothing that depends on a grid, on training or on D1/D2 names a C1 claim (C1 is at matched TV, no grid)
+    for c in sanity:
+        if c.metric == "tuned_inside_fraction" or "regime — D" in c.name or "label noise" in c.name or \
+                "converged" in c.name:
+            assert not set(c.guards) & set(c1), c.name
 
 
 def test_a_failed_guard_voids_exactly_the_claims_it_names(quick_result):
@@ -185,7 +193,9 @@ def test_a_failed_guard_voids_exactly_the_claims_it_names(quick_result):
             c.passed = True
     claims = [c.name for c in base if c.kind == "claim"]
     c1, c2 = [n for n in claims if n.startswith("C1")], [n for n in claims if n.startswith("C2")]
-    for pick, voided in (("negative control", c1), ("gcdro's tuned knob", c2), ("D1's shift", c2[:1])):
+    for pick, voided in (("negative control", c1), ("gcdro's tuned knob", c2), ("D1's shift", c2[:1]),
+                         ("without the label noise", c2[1:]), ("kl at its noise-free pick", c2[1:]),
+                         ("chi2 at its noise-free pick", c2[1:])):
         checks = copy.deepcopy(base)
         guard = next(c for c in checks if c.kind == "sanity" and pick in c.name)
         guard.passed = False
@@ -203,38 +213,51 @@ def test_quick_results_pass_the_shared_checker(quick_result):
 
 
 def test_quick_reports_every_selection_rule_beside_the_claim(quick_result):
-    """The declared rule (training-domain validation) drives the claims; leave-one-domain-out (D1) or worst-group
-    validation (D2) and the test-domain oracle are reported with a paired CI of GCDRO vs their best baseline."""
+    """The declared rules (D1 leave-one-domain-out, D2 worst-group validation) drive the claims; training-domain
+    validation and the test-domain oracle are reported with a paired CI of GCDRO vs their best baseline."""
     res, out = quick_result
     cfg = Config.quick()
     sel = json.loads((out / "results.json").read_text())["extra"]["selection"]
-    assert list(sel["d1"]) == [TRAIN_VAL, LODO, ORACLE] and list(sel["d2"]) == [TRAIN_VAL, WORST_GROUP, ORACLE]
-    for d, metric in (("d1", "d1_rmse_mean"), ("d2", "d2_rmse_minority")):
-        assert sel[d][TRAIN_VAL]["role"] == "the claim's rule" and "never the claim" in sel[d][ORACLE]["role"]
+    assert list(sel["d1"]) == [LODO, TRAIN_VAL, ORACLE] and list(sel["d2"]) == [WORST_GROUP, TRAIN_VAL, ORACLE]
+    for d, metric, declared in (("d1", "d1_rmse_mean", LODO), ("d2", "d2_rmse_minority", WORST_GROUP)):
+        assert sel[d][declared]["role"] == "the claim's rule" and "never the claim" in sel[d][ORACLE]["role"]
+        assert sel[d][TRAIN_VAL]["role"] == "reported beside the claim"
         claim = next(c for c in res.checks("claim") if c.metric == metric)
-        st = sel[d][TRAIN_VAL]["gcdro_vs_best_log_ratio"]
+        assert f". selection: {declared} (every arm, per seed)" in claim.detail
+        st = sel[d][declared]["gcdro_vs_best_log_ratio"]
         assert st["mean"] == pytest.approx(claim.measured) and st["ci_high"] == pytest.approx(claim.ci_high)
-        assert sel[d][TRAIN_VAL]["best_baseline"] == json.loads((out / "results.json").read_text())[
+        assert sel[d][declared]["best_baseline"] == json.loads((out / "results.json").read_text())[
             "extra"]["best_baseline"][d]
         for rule, v in sel[d].items():
-            assert v["gcdro_vs_best_log_ratio"]["n"] == len(cfg.seeds) and rule in claim.detail or rule == TRAIN_VAL
+            assert v["gcdro_vs_best_log_ratio"]["n"] == len(cfg.seeds) and rule in claim.detail or rule == declared
             assert set(v["picks"]) == set(TUNED_ARMS) and all(b != "gcdro" for b in v["best_baseline"])
         # GCDRO at its natural bound (α → ∞ = ERM) in every seed: it reduces to ERM and the claim cannot hold
-        every = sel[d][TRAIN_VAL]["gcdro_at_natural_bound"] == len(cfg.seeds)
+        every = sel[d][declared]["gcdro_at_natural_bound"] == len(cfg.seeds)
         assert (claim.reduces_to == BEST) == every
         if every:
             assert not claim.passed and "reduces to" in claim.detail
 
 
 def test_selection_rules_and_their_validation():
-    assert selection_rules(Config(), "d1") == (TRAIN_VAL, LODO, ORACLE)
-    assert selection_rules(Config(selection=LODO), "d1") == (LODO, TRAIN_VAL, ORACLE)
-    assert selection_rules(Config(selection=LODO), "d2") == (WORST_GROUP, TRAIN_VAL, ORACLE)
-    assert selection_rules(Config(selection=WORST_GROUP), "d1")[0] == LODO
-    with pytest.raises(ValueError, match="upper bound"):
-        Config(selection=ORACLE)
+    """Declared before the run (issue 29): D1 by leave-one-domain-out, D2 by worst-group validation; either may be
+    set to training-domain validation; the oracle and the other data set's rule are refused."""
+    cfg = Config()
+    assert (cfg.selection, cfg.selection_d2) == (LODO, WORST_GROUP) == (Config.quick().selection,
+                                                                         Config.quick().selection_d2)
+    assert selection_rules(cfg, "d1") == (LODO, TRAIN_VAL, ORACLE)
+    assert selection_rules(cfg, "d2") == (WORST_GROUP, TRAIN_VAL, ORACLE)
+    assert selection_rules(Config(selection=TRAIN_VAL), "d1") == (TRAIN_VAL, LODO, ORACLE)
+    assert selection_rules(Config(selection=TRAIN_VAL), "d2")[0] == WORST_GROUP
+    assert selection_rules(Config(selection_d2=TRAIN_VAL), "d2") == (TRAIN_VAL, WORST_GROUP, ORACLE)
+    for name in ("selection", "selection_d2"):
+        with pytest.raises(ValueError, match="upper bound"):
+            Config(**{name: ORACLE})
+        with pytest.raises(ValueError, match=name):
+            Config(**{name: "in-distribution"})
     with pytest.raises(ValueError, match="selection"):
-        Config(selection="in-distribution")
+        Config(selection=WORST_GROUP)  # D1 has environments, not groups
+    with pytest.raises(ValueError, match="selection_d2"):
+        Config(selection_d2=LODO)
     with pytest.raises(ValueError, match="lodo_r"):
         Config(lodo_r=-2.3)  # one of the test environments
     with pytest.raises(ValueError, match="lodo_r"):
@@ -243,6 +266,8 @@ def test_selection_rules_and_their_validation():
 
 def test_natural_bounds_are_declared_only_where_tested():
     cfg = Config()
+    # α → ∞ pins q to p̂ (ERM): GCDRO's mild end is the high end of its α grid, like KL's and χ²'s λ
+    assert MILD_END["gcdro"] == MILD_END["kl"] == MILD_END["chi2"] == MILD_END["cvar"] == "high"
     assert set(cfg.natural_bounds) == set(TUNED_ARMS) == set(ERM_EDGE)
     for arm, grid in grid_specs(cfg).items():  # the full grids' mild edges are the tested ones
         assert (max(grid) if MILD_END[arm] == "high" else min(grid)) == ERM_EDGE[arm]
@@ -296,3 +321,39 @@ def test_gdro_flow_time_maps_to_steps_of_at_most_half():
     for t, est in _candidates(cfg, 0)["gdro"]:
         assert est.n_inner * est.step_scale == pytest.approx(t)
         assert 0 < est.step_scale <= 0.5 and est.restart and est.alpha == 0.0 and est.beta == 0.0
+
+
+def test_quick_d2_regime_guards_are_computed_from_the_baselines(quick_result):
+    """Issue 29: without the label noise the DRO baseline selected by D2's rule must beat ERM on the minority;
+    with the noise KL and χ² at their noise-free picks must lose that gain. Baselines only; D2's claim only."""
+    res, out = quick_result
+    extra = json.loads((out / "results.json").read_text())["extra"]["d2_regime"]
+    assert extra["selection"] == WORST_GROUP and extra["layout"] == "region"
+    gain = next(c for c in res.claim_checks if c.name.startswith("sanity: regime — without the label noise"))
+    rows = [r["metrics"] for r in res.per_seed]
+    want = [np.log(m[BEST]["d2_clean_dro_rmse_minority"] / m["erm"]["d2_clean_rmse_minority"]) for m in rows]
+    assert gain.direction == "<=" and gain.threshold == 0.0 and gain.n == len(rows)
+    assert gain.measured == pytest.approx(float(np.mean(want)))
+    assert gain.passed == (gain.ci_high <= 0.0)
+    for m, sel in zip(rows, extra["selected_dro_baseline"], strict=True):
+        assert sel != "erm" and sel != "gcdro"
+        assert m[BEST]["d2_clean_dro_rmse_minority"] == m[sel]["d2_clean_rmse_minority"]
+        # the regime's noisy ERM is the claim's ERM (same estimator, data and seed)
+        assert m["erm"]["d2_noisy_erm_rmse_minority"] == m["erm"]["d2_rmse_minority"]
+        assert "d2_clean_rmse_minority" not in m["gcdro"]
+    for arm in ("kl", "chi2"):
+        c = next(c for c in res.claim_checks if c.name.startswith(f"sanity: regime — with the label noise, {arm} "))
+        want = [np.log(m[arm]["d2_noisy_at_clean_pick_rmse_minority"] / m["erm"]["d2_rmse_minority"]) for m in rows]
+        assert c.direction == ">=" and c.measured == pytest.approx(float(np.mean(want)))
+        assert c.passed == (c.ci_low >= 0.0) and c.method_arm == arm
+        assert [m[arm]["d2_clean_param"] for m in rows] == [t[arm]["picked"] for t in extra["tuning"]]
+
+
+@pytest.mark.slow
+def test_seeds_in_worker_processes_give_the_same_numbers(tmp_path):
+    cfg = Config.quick().replace(seeds=(3, 4), n_train=60, n_val=40, n_test=40, n_select=30, max_iter=30,
+                                 c1_steps=20)
+    one = run(cfg, tmp_path / "one")
+    two = run(cfg.replace(workers=2), tmp_path / "two")
+    assert one.per_seed == two.per_seed
+    np.testing.assert_equal([c.measured for c in one.claim_checks], [c.measured for c in two.claim_checks])

@@ -5,26 +5,34 @@ D1 training set). Every arm's knob is set by bisection so that its worst case q 
 0.01, 0.05 and 0.2 from p̂ (``matched``): KL λ, χ² λ, CVaR level, GDRO's flow time, and GCDRO's free-energy
 temperature λ (α = r·λ, β = λ with the ratio r fixed; r = 0 is the KL free energy). Claim at each level: GCDRO's
 mass on the noisy points is below the lowest baseline's (paired over seeds, 95% t interval). Negative control
-(sanity): the same flow without the geometric term (α = 0) must be rejected by the same check. C1 uses no grid.
+(sanity): the same flow without the geometric term (α = 0) must be rejected by the same check. C1 uses no grid,
+so no grid or tuning check guards it.
 
 C2 (generalisation): noisy selection-bias regression (D1: mean RMSE over shifted test environments) and noisy
-sub-population shift (D2: minority-group RMSE). Arms: ERM, KL, χ² (penalised), KL, χ² (constrained, radius ρ),
-CVaR, Wasserstein DRO, GDRO (flow restarted at p̂ every outer step, flow time tuned) and GCDRO; every arm gets
-the same model, the same training steps (cosine-decayed Adam) and a 5-point grid, tuned per (seed, data set) with
-``common.tuning.select_models``: the Config's ``selection`` rule (default: training-domain validation) picks the
-value and drives the grid's extensions (``grid_extra`` points past an edge that keeps winning, the same budget for
-every arm); leave-one-domain-out (D1: a held-out shifted environment r = ``lodo_r``; D2: worst-group validation)
-and the test-domain oracle (a held-out slice of the test environments) are reported beside it. Every DRO
-strength's mildest edge is a natural bound whose limit is ERM (λ → ∞, ρ → 0, δ → 0, CVaR level → 1, flow time
-→ 0, GCDRO's α → ∞): a pick there is legitimate, and GCDRO picked there in every seed *reduces to* ERM, so its
-C2 claim against the best of ERM and the DRO arms cannot hold. Claim: GCDRO's RMSE is below the best baseline's
-(per seed, the arm with the best selection score), as a paired per-seed log-ratio with its 95% interval.
+sub-population shift (D2: minority-group RMSE; the minority is the region {x₁ > 1.28} of x, 10%, with its own
+slope, so that it is a region of the kNN graph GCDRO's geometric term acts on). Arms: ERM, KL, χ² (penalised),
+KL, χ² (constrained, radius ρ), CVaR, Wasserstein DRO, GDRO (flow restarted at p̂ every outer step, flow time
+tuned) and GCDRO; every arm gets the same model, the same training steps (cosine-decayed Adam) and a 5-point grid,
+tuned per (seed, data set) with ``common.tuning.select_models`` under the rule declared in the Config before the
+run: D1 by leave-one-domain-out (a held-out shifted environment r = ``lodo_r``, not among the test environments),
+D2 by worst-group validation (GroupDRO/JTT); training-domain validation and the test-domain oracle (a held-out
+slice of the test environments) are reported beside them. The declared rule drives the grid's extensions
+(``grid_extra`` points past an edge that keeps winning, the same budget for every arm). Every DRO strength's
+mildest edge is a natural bound whose limit is ERM (λ → ∞, ρ → 0, δ → 0, CVaR level → 1, flow time → 0, GCDRO's
+α → ∞): a pick there is legitimate, and GCDRO picked there in every seed *reduces to* ERM, so its C2 claim
+against the best of ERM and the DRO arms cannot hold. Claim: GCDRO's RMSE is below the best baseline's (per seed,
+the arm with the best selection score), as a paired per-seed log-ratio with its 95% interval.
+
+D2's regime guard (sanity, baselines only, guards the D2 claim only): on the same draws without the gross label
+noise, the DRO baseline selected by D2's rule beats ERM on the minority; with the noise, KL and χ² at their
+noise-free picks lose that gain (over-pessimism).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +43,7 @@ from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig
 from icml24.common.config import help_text as _h
 from icml24.common.plotting import band, new_figure, save_figure
-from icml24.common.progress import progress
+from icml24.common.parallel import run_jobs
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check
 from icml24.common.seeding import numpy_generator, seed_everything
 from icml24.common.stats import paired_ci
@@ -51,6 +59,11 @@ C1_BASELINES = ("kl", "chi2", "cvar", "gdro")
 C1_ARMS = (*C1_BASELINES, "gcdro", "gcdro_alpha0")
 BEST = "best_baseline"  # pseudo-arm: per seed, the baseline with the best selection score
 TUNED_ARMS = ("kl", "chi2", "kl_c", "chi2_c", "cvar", "wdro", "gdro", "gcdro")
+# D2's regime guard uses the baselines only: the DRO baselines on the noise-free D2 (some of them must beat ERM on
+# the minority), and the penalised KL and χ² (the over-pessimism arms: with the gross noise, at the strength that
+# helped without it, they lose that gain)
+REGIME_ARMS = tuple(a for a in C2_BASELINES if a != "erm")
+PESSIMISM_ARMS = ("kl", "chi2")
 
 TRAIN_VAL, LODO, WORST_GROUP, ORACLE = ("training-domain validation", "leave-one-domain-out",
                                         "worst-group validation", "test-domain oracle")
@@ -87,6 +100,10 @@ class Config(ExperimentConfig):
     noise_frac: float = field(default=0.05, metadata=_h("fraction of training labels with gross noise (notes §5: 5%)"))
     noise_scale: float = field(default=5.0, metadata=_h("label noise N(0, (scale·std y)²) (notes §5)"))
     d2_minority: float = field(default=0.1, metadata=_h("D2 minority share (DN20_2 style, notes §5)"))
+    d2_layout: Literal["region", "independent"] = field(default="region", metadata=_h(
+        "D2's minority: 'region' = the region {x₁ > Φ⁻¹(1 − d2_minority)} of x (its own slope (1, 0.1) there), a "
+        "region of the kNN graph GCDRO's geometric term acts on (issue 29); 'independent' = drawn independently of x "
+        "(DN20_2, the schema-2 runs)"))
     model: Literal["linear", "mlp"] = field(default="linear", metadata=_h("model (notes §2.4: linear for simulations)"))
     lr: float = field(default=0.05, metadata=_h("η, initial Adam learning rate (cosine-decayed to 0), every arm"))
     max_iter: int = field(default=400, metadata=_h("outer full-batch steps, every arm (ERM reaches OLS: sanity)"))
@@ -120,11 +137,15 @@ class Config(ExperimentConfig):
         "(constrained KL, χ²), δ → 0 (Wasserstein), CVaR level → 1, GDRO flow time → 0, GCDRO α → ∞; tested "
         "equal to ERM at the edges ERM_EDGE (issue 26). A pick there passes the tuning check; GCDRO picked there "
         "reduces to ERM"))
-    selection: str = field(default=TRAIN_VAL, metadata=_h(
-        "model-selection rule of the C2 claims (DomainBed's names, common.tuning.SELECTION_RULES): "
-        "'training-domain validation' (a held-out split of the noisy training distribution) or the shifted-domain "
-        "rule, 'leave-one-domain-out' / 'worst-group validation' (D1 uses the held-out environment lodo_r, D2 the "
-        "validation split's worst group); the others and the test-domain oracle are reported beside it"))
+    selection: str = field(default=LODO, metadata=_h(
+        "model-selection rule of D1's C2 claim (DomainBed's names, common.tuning.SELECTION_RULES), declared before "
+        "the run: 'leave-one-domain-out' (the held-out shifted environment lodo_r, not among r_test; issue 29) or "
+        "'training-domain validation' (a held-out split of the noisy training distribution); the other and the "
+        "test-domain oracle are reported beside it"))
+    selection_d2: str = field(default=WORST_GROUP, metadata=_h(
+        "model-selection rule of D2's C2 claim and of the D2 regime guard, declared before the run: 'worst-group "
+        "validation' (the validation split's worst group RMSE, the GroupDRO/JTT convention; issue 29) or "
+        "'training-domain validation'; the other and the test-domain oracle are reported beside it"))
     lodo_r: float = field(default=-2.0, metadata=_h(
         "leave-one-domain-out (D1): selection bias r of a held-out shifted environment, not among r_test, drawn "
         "from its own generator (seed + LODO_SEED_OFFSET)"))
@@ -135,6 +156,9 @@ class Config(ExperimentConfig):
     interior_min_fraction: float = field(default=0.5, metadata=_h(
         "sanity (tuning): per tuned arm, the least fraction of (seed, data set) picks strictly inside the evaluated "
         "grid or at its natural bound (as kd_ranking)"))
+    workers: int = field(default=2, metadata=_h(
+        "seeds run in parallel processes (common.parallel.run_jobs; every seed seeds itself, so the numbers do not "
+        "depend on it); 2 for the shared 2-core box"))
     tv_levels: tuple[float, ...] = field(default=(0.01, 0.05, 0.2),
                                          metadata=_h("C1: matched TV distances from uniform (issue, fixed)"))
     c1_ratio: float = field(default=100.0, metadata=_h("C1: GCDRO α/β ratio r (schema-1 C1 setting α=10, β=0.1)"))
@@ -144,7 +168,7 @@ class Config(ExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         w = "Config"
-        for name in ("n_train", "n_val", "n_test", "max_iter", "c1_steps"):
+        for name in ("n_train", "n_val", "n_test", "max_iter", "c1_steps", "workers"):
             val.integer(w, name, getattr(self, name), minimum=1)
         val.integer(w, "n_neighbors", self.n_neighbors, minimum=1, maximum=self.n_train - 1)
         val.integer(w, "n_inner", self.n_inner, minimum=0)
@@ -174,9 +198,13 @@ class Config(ExperimentConfig):
         if not abs(self.lodo_r) > 1 or self.lodo_r in self.r_test or self.lodo_r == self.r_train:
             raise ValueError(f"{w}: lodo_r needs |r| > 1 and must be neither r_train nor in r_test, got "
                              f"{self.lodo_r}")
-        val.one_of(w, "selection", self.selection, SELECTION_RULES)
-        if self.selection == ORACLE:
-            raise ValueError(f"{w}: selection {ORACLE!r} is an upper bound to report, never the claim's rule")
+        for name, shifted in (("selection", LODO), ("selection_d2", WORST_GROUP)):
+            rule = getattr(self, name)
+            val.one_of(w, name, rule, SELECTION_RULES)
+            if rule == ORACLE:
+                raise ValueError(f"{w}: {name} {ORACLE!r} is an upper bound to report, never the claim's rule")
+            val.one_of(w, name, rule, (shifted, TRAIN_VAL))
+        val.one_of(w, "d2_layout", self.d2_layout, ("region", "independent"))
         unknown = [a for a in self.natural_bounds if a not in TUNED_ARMS]
         if unknown:
             raise ValueError(f"{w}: natural_bounds names arms without a grid: {unknown} (tuned: {TUNED_ARMS})")
@@ -193,7 +221,7 @@ class Config(ExperimentConfig):
         return cls(seeds=(0, 1), n_train=200, n_val=150, n_test=200, n_select=150, max_iter=200,
                    alphas=(1e3, 1e4), kl_grid=(1e3, 1e4), chi2_grid=(1e3, 1e4), kl_radii=(1e-4, 1e-3),
                    chi2_radii=(1e-4, 1e-3), cvar_grid=(0.8, 0.95), wass_radii=(1e-5, 1e-4),
-                   gdro_flow_times=(0.05, 0.5), grid_extra=1, c1_steps=60, n_inner=3)
+                   gdro_flow_times=(0.05, 0.5), grid_extra=1, c1_steps=60, n_inner=3, workers=1)
 
 
 GRID_FIELDS = {"kl": "kl_grid", "chi2": "chi2_grid", "kl_c": "kl_radii", "chi2_c": "chi2_radii", "cvar": "cvar_grid",
@@ -245,29 +273,32 @@ def _flow_steps(t: float) -> int:
 
 
 def selection_rules(cfg: Config, d: str) -> tuple[str, ...]:
-    """The rules evaluated on data set ``d`` (``"d1"``/``"d2"``), the declared one first: training-domain
-    validation, the data set's shifted-domain rule (D1 leave-one-domain-out, D2 worst-group validation), and the
-    test-domain oracle (reported, never the claim)."""
-    declared = TRAIN_VAL if cfg.selection == TRAIN_VAL else SHIFT_RULE[d]
+    """The rules evaluated on data set ``d`` (``"d1"``/``"d2"``), the declared one first (``Config.selection`` for
+    D1, ``Config.selection_d2`` for D2): the data set's shifted-domain rule (D1 leave-one-domain-out, D2 worst-group
+    validation), training-domain validation, and the test-domain oracle (reported, never the claim)."""
+    declared = {"d1": cfg.selection, "d2": cfg.selection_d2}[d]
     return (declared, *[r for r in (TRAIN_VAL, SHIFT_RULE[d], ORACLE) if r != declared])
 
 
 Scorer = Callable[[Any], dict[str, float]]
 
 
-def tune_arms(cfg: Config, seed: int, d: str, x: np.ndarray, y: np.ndarray, score: Scorer
-              ) -> tuple[dict[str, list[float]], dict[str, dict[str, Tuned]]]:
+def tune_arms(cfg: Config, seed: int, d: str, x: np.ndarray, y: np.ndarray, score: Scorer,
+              arms: tuple[str, ...] = TUNED_ARMS) -> tuple[dict[str, list[float]], dict[str, dict[str, Tuned]]]:
     """Fit ERM and tune every other arm on data set ``d`` with :func:`select_models`.
 
     ``score(fitted estimator)`` returns the selection scores (one per rule of :func:`selection_rules`, RMSEs,
-    lower is better) and the test metrics. Returns ERM's record and, per tuned arm, ``{rule: Tuned}`` (the
-    declared rule drives the extensions; the others re-pick on the same evaluated grid).
+    lower is better) and the test metrics. Returns ERM's record and, per tuned arm of ``arms``, ``{rule: Tuned}``
+    (the declared rule drives the extensions; the others re-pick on the same evaluated grid).
     """
     rules = selection_rules(cfg, d)
     erm = make_estimator(cfg, "erm", 0.0, seed).fit(x, y)
     erm_rec = {k: [v] for k, v in score(erm).items()}
     tuned: dict[str, dict[str, Tuned]] = {}
     for arm, grid in grid_specs(cfg).items():
+        if arm not in arms:
+            continue
+
         def evaluate(values: list[float], arm: str = arm) -> list[dict[str, list[float]]]:
             return [{k: [s] for k, s in score(make_estimator(cfg, arm, v, seed).fit(x, y)).items()}
                     for v in values]
@@ -368,12 +399,130 @@ def _grid_table(erm_rec: dict, tuned: dict[str, dict[str, Tuned]], rule: str) ->
     return out
 
 
+def d2_data(cfg: Config, rng: np.random.Generator, rng_oracle: np.random.Generator) -> dict[str, Any]:
+    """D2's draws: noisy training and validation sets (their clean labels kept for the regime guard), the test
+    groups and the test-domain oracle's minority slice, with the scorers of the noisy and the noise-free runs."""
+    sub = dict(minority=cfg.d2_minority, layout=cfg.d2_layout)
+    x, y_clean, _ = subpopulation_regression(n=cfg.n_train, rng=rng, **sub)
+    y, _ = corrupt_labels(y_clean, frac=cfg.noise_frac, scale=cfg.noise_scale, rng=rng)
+    xv, yv_clean, gv = subpopulation_regression(n=cfg.n_val, rng=rng, **sub)
+    yv, _ = corrupt_labels(yv_clean, frac=cfg.noise_frac, scale=cfg.noise_scale, rng=rng)
+    groups = {g: subpopulation_regression(n=cfg.n_test, rng=rng, group=g, **sub)[:2] for g in ("majority", "minority")}
+    oracle = subpopulation_regression(n=cfg.n_select, rng=rng_oracle, group="minority", **sub)[:2]
+    return {"x": x, "y": y, "y_clean": y_clean, "score": _d2_scorer((xv, yv, gv), groups, oracle),
+            "score_clean": _d2_scorer((xv, yv_clean, gv), groups, oracle)}
+
+
+def d2_regime(cfg: Config, seed: int, d2: dict[str, Any]) -> dict[str, Any]:
+    """D2's regime from the baselines only (never GCDRO). Without the gross label noise (the same draws, clean
+    training and validation labels), every DRO baseline is tuned by D2's declared rule and the one with the best
+    selection score is taken (it should beat ERM on the minority); then KL and χ² at their noise-free picks are
+    trained on the noisy labels (over-pessimism: they should lose that gain against ERM on the same noisy data).
+
+    Returns per-arm ``metrics`` (``d2_clean_rmse_minority``, ``d2_clean_select_score``; KL and χ²:
+    ``d2_clean_param``, ``d2_noisy_at_clean_pick_rmse_minority``; ERM: ``d2_noisy_erm_rmse_minority``;
+    ``best_baseline``: ``d2_clean_dro_rmse_minority``), the ``selected`` arm and each arm's tuning record.
+    """
+    rule = selection_rules(cfg, "d2")[0]
+    erm_c, tuned_c = tune_arms(cfg, seed, "d2", d2["x"], d2["y_clean"], d2["score_clean"], arms=REGIME_ARMS)
+    m: dict[str, dict[str, float]] = {a: {} for a in ("erm", *REGIME_ARMS, BEST)}
+    for arm in ("erm", *REGIME_ARMS):
+        m[arm]["d2_clean_rmse_minority"] = _at(erm_c, tuned_c, arm, rule, "d2_rmse_minority")
+        m[arm]["d2_clean_select_score"] = _at(erm_c, tuned_c, arm, rule, rule)
+    selected = min(REGIME_ARMS, key=lambda a: m[a]["d2_clean_select_score"])
+    m[BEST]["d2_clean_dro_rmse_minority"] = m[selected]["d2_clean_rmse_minority"]
+    m["erm"]["d2_noisy_erm_rmse_minority"] = d2["score"](make_estimator(cfg, "erm", 0.0, seed).fit(
+        d2["x"], d2["y"]))["d2_rmse_minority"]
+    for arm in PESSIMISM_ARMS:
+        lam = tuned_c[arm][rule].value
+        m[arm]["d2_clean_param"] = lam
+        m[arm]["d2_noisy_at_clean_pick_rmse_minority"] = d2["score"](make_estimator(cfg, arm, lam, seed).fit(
+            d2["x"], d2["y"]))["d2_rmse_minority"]
+    return {"metrics": m, "selected": selected, "tuning": {a: tuned_c[a][rule].record() for a in REGIME_ARMS}}
+
+
+def _seed_job(cfg: Config, seed: int) -> dict[str, Any]:
+    """One seed, fully seeded (the same numbers in this process or a spawned worker): D1 tuned, C1 at matched TV,
+    D2 tuned, D2's regime from the baselines. Returns the metrics and the tuned grids for :func:`run`."""
+    rules = {d: selection_rules(cfg, d) for d in ("d1", "d2")}
+    env: dict[str, list[float]] = {}
+    erm_gap: list[float] = []
+    tv_err: list[float] = []
+    unreached: list[str] = []
+    seed_everything(seed)
+    rng = numpy_generator(seed)
+    rng_lodo, rng_oracle = numpy_generator(seed + LODO_SEED_OFFSET), numpy_generator(seed + ORACLE_SEED_OFFSET)
+    metrics: dict[str, dict[str, float]] = {a: {} for a in (*ARMS, BEST, "gcdro_alpha0")}
+    # ---------------- D1: selection bias + label noise
+    xtr, ytr_clean = selection_bias_regression(n=cfg.n_train, r=cfg.r_train, rng=rng)
+    ytr, noisy = corrupt_labels(ytr_clean, frac=cfg.noise_frac, scale=cfg.noise_scale, rng=rng)
+    xva, yva_clean = selection_bias_regression(n=cfg.n_val, r=cfg.r_train, rng=rng)
+    yva, _ = corrupt_labels(yva_clean, frac=cfg.noise_frac, scale=cfg.noise_scale, rng=rng)
+    tests = [selection_bias_regression(n=cfg.n_test, r=r, rng=rng) for r in cfg.r_test]
+    x_id, y_id = selection_bias_regression(n=cfg.n_test, r=cfg.r_train, rng=rng)
+    # model-selection splits from their own generators: a held-out shifted environment (clean labels, like
+    # the test environments) and a held-out slice of every test environment, disjoint from the test points
+    lodo = selection_bias_regression(n=cfg.n_select, r=cfg.lodo_r, rng=rng_lodo)
+    per_env = max(1, cfg.n_select // len(cfg.r_test))
+    oracle1 = [selection_bias_regression(n=per_env, r=r, rng=rng_oracle) for r in cfg.r_test]
+    erm1, tuned1 = tune_arms(cfg, seed, "d1", xtr, ytr, _d1_scorer(cfg, tests, (xva, yva), lodo, oracle1, noisy))
+    for arm in ARMS:
+        r0 = rules["d1"][0]
+        env[arm] = [_at(erm1, tuned1, arm, r0, f"rmse_r{r:g}") for r in cfg.r_test]
+        metrics[arm].update({k: _at(erm1, tuned1, arm, r0, k) for k in
+                             ("d1_rmse_mean", "d1_rmse_worst", "d1_train_noisy_mass")})
+        metrics[arm]["d1_val_rmse"] = _at(erm1, tuned1, arm, r0, TRAIN_VAL)
+        metrics[arm]["d1_select_score"] = _at(erm1, tuned1, arm, r0, r0)
+        metrics[arm]["d1_param"] = 0.0 if arm == "erm" else tuned1[arm][r0].value
+    erm_est = make_estimator(cfg, "erm", 0.0, seed).fit(xtr, ytr)
+    erm_gap.append(abs(_rmse(erm_est, xtr, ytr) / _ols_rmse(xtr, ytr) - 1.0))
+    metrics["erm"]["d1_id_rmse"] = _rmse(erm_est, x_id, y_id)
+    # ---------------- C1: fixed loss vector (OLS = converged ERM), graph on standardised x, matched TV
+    xa = np.column_stack([xtr, np.ones(len(xtr))])
+    losses = (xa @ np.linalg.lstsq(xa, ytr, rcond=None)[0] - ytr) ** 2
+    xs = (xtr - xtr.mean(0)) / xtr.std(0)
+    m1 = c1_matched(cfg, losses, xs)
+    bump = c1_bump(losses, noisy)
+    for level, arms in m1.items():
+        for arm, m in arms.items():
+            q = m.q.cpu().numpy()
+            metrics[arm][f"c1_noisy_mass_{_lv(level)}"] = float(q[noisy].sum())
+            metrics[arm][f"c1_bump_mass_{_lv(level)}"] = float(q[bump].sum())
+            metrics[arm][f"c1_tv_{_lv(level)}"] = m.tv
+            metrics[arm][f"c1_knob_{_lv(level)}"] = m.knob
+            if m.reached:
+                tv_err.append(abs(m.tv - level) / level)
+            else:
+                unreached.append(f"seed {seed} {arm} TV {level:g} (max {m.tv:.4g})")
+    c1_example = {"losses": losses, "noisy": noisy, "bump": bump,
+                  "weights": {a: m.q.cpu().numpy() for a, m in m1[cfg.tv_levels[len(cfg.tv_levels) // 2]].items()},
+                  "level": cfg.tv_levels[len(cfg.tv_levels) // 2]}
+    # ---------------- D2: sub-population shift + label noise
+    d2 = d2_data(cfg, rng, rng_oracle)
+    erm2, tuned2 = tune_arms(cfg, seed, "d2", d2["x"], d2["y"], d2["score"])
+    x2, y2 = d2["x"], d2["y"]
+    # ---------------- D2 regime (baselines only)
+    reg = d2_regime(cfg, seed, d2)
+    for arm, vals in reg["metrics"].items():
+        metrics[arm].update(vals)
+    r0 = rules["d2"][0]
+    for arm in ARMS:
+        metrics[arm].update({k: _at(erm2, tuned2, arm, r0, k) for k in ("d2_rmse_minority", "d2_rmse_majority")})
+        metrics[arm]["d2_val_rmse"] = _at(erm2, tuned2, arm, r0, TRAIN_VAL)
+        metrics[arm]["d2_select_score"] = _at(erm2, tuned2, arm, r0, r0)
+        metrics[arm]["d2_param"] = 0.0 if arm == "erm" else tuned2[arm][r0].value
+    erm2_est = make_estimator(cfg, "erm", 0.0, seed).fit(x2, y2)
+    erm_gap.append(abs(_rmse(erm2_est, x2, y2) / _ols_rmse(x2, y2) - 1.0))
+    return {"seed": seed, "metrics": metrics, "env": env, "erm_gap": erm_gap, "tv_err": tv_err,
+            "unreached": unreached, "c1_example": c1_example, "erm1": erm1, "tuned1": tuned1, "erm2": erm2,
+            "tuned2": tuned2, "regime_selected": reg["selected"], "regime_tuning": reg["tuning"]}
+
+
 def run(cfg: Config, out_dir: Path) -> RunResult:
     rec = RunRecorder(SLUG, cfg, out_dir)
     out_dir = Path(out_dir)
     env_rmse: dict[str, list[list[float]]] = {a: [] for a in ARMS}
     grids: dict[int, dict] = {}
-    c1_example: dict[str, Any] = {}
     rules = {d: selection_rules(cfg, d) for d in ("d1", "d2")}
     best_arm: dict[str, dict[str, list[str]]] = {d: {r: [] for r in rules[d]} for d in rules}
     # per data set and rule: per seed, GCDRO's and the rule's best baseline's test metric (paired CIs in extra)
@@ -382,76 +531,25 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     tuned_cells: dict[str, dict[str, list[Tuned]]] = {d: {a: [] for a in TUNED_ARMS} for d in rules}
     tuned_all: dict[str, dict[str, list[dict[str, Tuned]]]] = {d: {a: [] for a in TUNED_ARMS} for d in rules}
     erm_gap: list[float] = []
+    regime_best: list[str] = []
+    regime_tuning: list[dict[str, Any]] = []
     per_seed_metrics: list[dict[str, dict[str, float]]] = []
     tv_err: list[float] = []
     unreached: list[str] = []
     test_metric = {"d1": "d1_rmse_mean", "d2": "d2_rmse_minority"}
-    for seed in progress(cfg.seeds, desc=SLUG):
-        seed_everything(seed)
-        rng = numpy_generator(seed)
-        rng_lodo, rng_oracle = numpy_generator(seed + LODO_SEED_OFFSET), numpy_generator(seed + ORACLE_SEED_OFFSET)
-        metrics: dict[str, dict[str, float]] = {a: {} for a in (*ARMS, BEST, "gcdro_alpha0")}
-        # ---------------- D1: selection bias + label noise
-        xtr, ytr_clean = selection_bias_regression(n=cfg.n_train, r=cfg.r_train, rng=rng)
-        ytr, noisy = corrupt_labels(ytr_clean, frac=cfg.noise_frac, scale=cfg.noise_scale, rng=rng)
-        xva, yva_clean = selection_bias_regression(n=cfg.n_val, r=cfg.r_train, rng=rng)
-        yva, _ = corrupt_labels(yva_clean, frac=cfg.noise_frac, scale=cfg.noise_scale, rng=rng)
-        tests = [selection_bias_regression(n=cfg.n_test, r=r, rng=rng) for r in cfg.r_test]
-        x_id, y_id = selection_bias_regression(n=cfg.n_test, r=cfg.r_train, rng=rng)
-        # model-selection splits from their own generators: a held-out shifted environment (clean labels, like
-        # the test environments) and a held-out slice of every test environment, disjoint from the test points
-        lodo = selection_bias_regression(n=cfg.n_select, r=cfg.lodo_r, rng=rng_lodo)
-        per_env = max(1, cfg.n_select // len(cfg.r_test))
-        oracle1 = [selection_bias_regression(n=per_env, r=r, rng=rng_oracle) for r in cfg.r_test]
-        erm1, tuned1 = tune_arms(cfg, seed, "d1", xtr, ytr, _d1_scorer(cfg, tests, (xva, yva), lodo, oracle1, noisy))
+    jobs = run_jobs(partial(_seed_job, cfg), list(cfg.seeds), workers=cfg.workers, threads=max(cfg.threads, 1),
+                    desc=SLUG)
+    c1_example = jobs[0]["c1_example"]
+    for job in jobs:
+        seed, metrics, erm1, tuned1, erm2, tuned2 = (job[k] for k in ("seed", "metrics", "erm1", "tuned1", "erm2",
+                                                                       "tuned2"))
         for arm in ARMS:
-            r0 = rules["d1"][0]
-            env_rmse[arm].append([_at(erm1, tuned1, arm, r0, f"rmse_r{r:g}") for r in cfg.r_test])
-            metrics[arm].update({k: _at(erm1, tuned1, arm, r0, k) for k in
-                                 ("d1_rmse_mean", "d1_rmse_worst", "d1_train_noisy_mass")})
-            metrics[arm]["d1_val_rmse"] = _at(erm1, tuned1, arm, r0, TRAIN_VAL)
-            metrics[arm]["d1_select_score"] = _at(erm1, tuned1, arm, r0, r0)
-            metrics[arm]["d1_param"] = 0.0 if arm == "erm" else tuned1[arm][r0].value
-        erm_est = make_estimator(cfg, "erm", 0.0, seed).fit(xtr, ytr)
-        erm_gap.append(abs(_rmse(erm_est, xtr, ytr) / _ols_rmse(xtr, ytr) - 1.0))
-        metrics["erm"]["d1_id_rmse"] = _rmse(erm_est, x_id, y_id)
-        # ---------------- C1: fixed loss vector (OLS = converged ERM), graph on standardised x, matched TV
-        xa = np.column_stack([xtr, np.ones(len(xtr))])
-        losses = (xa @ np.linalg.lstsq(xa, ytr, rcond=None)[0] - ytr) ** 2
-        xs = (xtr - xtr.mean(0)) / xtr.std(0)
-        m1 = c1_matched(cfg, losses, xs)
-        bump = c1_bump(losses, noisy)
-        for level, arms in m1.items():
-            for arm, m in arms.items():
-                q = m.q.cpu().numpy()
-                metrics[arm][f"c1_noisy_mass_{_lv(level)}"] = float(q[noisy].sum())
-                metrics[arm][f"c1_bump_mass_{_lv(level)}"] = float(q[bump].sum())
-                metrics[arm][f"c1_tv_{_lv(level)}"] = m.tv
-                metrics[arm][f"c1_knob_{_lv(level)}"] = m.knob
-                if m.reached:
-                    tv_err.append(abs(m.tv - level) / level)
-                else:
-                    unreached.append(f"seed {seed} {arm} TV {level:g} (max {m.tv:.4g})")
-        if not c1_example:
-            c1_example = {"losses": losses, "noisy": noisy, "bump": bump,
-                          "weights": {a: m.q.cpu().numpy() for a, m in m1[cfg.tv_levels[len(cfg.tv_levels) // 2]].items()},
-                          "level": cfg.tv_levels[len(cfg.tv_levels) // 2]}
-        # ---------------- D2: sub-population shift + label noise
-        x2, y2c, _ = subpopulation_regression(n=cfg.n_train, rng=rng, minority=cfg.d2_minority)
-        y2, _ = corrupt_labels(y2c, frac=cfg.noise_frac, scale=cfg.noise_scale, rng=rng)
-        x2v, y2vc, g2v = subpopulation_regression(n=cfg.n_val, rng=rng, minority=cfg.d2_minority)
-        y2v, _ = corrupt_labels(y2vc, frac=cfg.noise_frac, scale=cfg.noise_scale, rng=rng)
-        groups = {g: subpopulation_regression(n=cfg.n_test, rng=rng, group=g)[:2] for g in ("majority", "minority")}
-        oracle2 = subpopulation_regression(n=cfg.n_select, rng=rng_oracle, group="minority")[:2]
-        erm2, tuned2 = tune_arms(cfg, seed, "d2", x2, y2, _d2_scorer((x2v, y2v, g2v), groups, oracle2))
-        for arm in ARMS:
-            r0 = rules["d2"][0]
-            metrics[arm].update({k: _at(erm2, tuned2, arm, r0, k) for k in ("d2_rmse_minority", "d2_rmse_majority")})
-            metrics[arm]["d2_val_rmse"] = _at(erm2, tuned2, arm, r0, TRAIN_VAL)
-            metrics[arm]["d2_select_score"] = _at(erm2, tuned2, arm, r0, r0)
-            metrics[arm]["d2_param"] = 0.0 if arm == "erm" else tuned2[arm][r0].value
-        erm2_est = make_estimator(cfg, "erm", 0.0, seed).fit(x2, y2)
-        erm_gap.append(abs(_rmse(erm2_est, x2, y2) / _ols_rmse(x2, y2) - 1.0))
+            env_rmse[arm].append(job["env"][arm])
+        erm_gap.extend(job["erm_gap"])
+        tv_err.extend(job["tv_err"])
+        unreached.extend(job["unreached"])
+        regime_best.append(job["regime_selected"])
+        regime_tuning.append(job["regime_tuning"])
         # ---------------- the best baseline of every rule (its own selection score), per data set
         for d, erm_rec, tuned in (("d1", erm1, tuned1), ("d2", erm2, tuned2)):
             for rule in rules[d]:
@@ -574,6 +672,32 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         direction=">=", threshold=0.0, kind="sanity", arm="erm", guards=[c2_names["d1"]]),
         "the regime: D1's test environments are shifted enough to hurt ERM (the out-of-distribution premise of "
         "the D1 claim)."))
+    d2_guard = [c2_names["d2"]]
+    picks_c = {a: regime_best.count(a) for a in sorted(set(regime_best))}
+    checks.append(_lead(one_sample_check(
+        name="sanity: regime — without the label noise, the DRO baseline selected by D2's rule beats ERM on the "
+             "minority (log RMSE ratio < 0)", metric="d2_clean_rmse_minority",
+        values=[np.log(m[BEST]["d2_clean_dro_rmse_minority"] / m["erm"]["d2_clean_rmse_minority"])
+                for m in per_seed_metrics], direction="<=", threshold=0.0, kind="sanity", arm=BEST, guards=d2_guard,
+        detail=(f"per seed, the D2 draws without the gross label noise (training and validation labels clean); "
+                f"every DRO baseline ({', '.join(REGIME_ARMS)}) tuned by {rules['d2'][0]} on the clean validation "
+                f"split and the one with the best selection score taken: {picks_c}; paired log(its minority RMSE / "
+                "ERM's) on the test minority. Baselines only")),
+        "the regime: D2's minority is a shift that distributional robustness can address (without noise, DRO "
+        "helps the minority: the premise that over-pessimism then takes away)."))
+    for arm in PESSIMISM_ARMS:
+        lams = [m[arm]["d2_clean_param"] for m in per_seed_metrics]
+        checks.append(_lead(one_sample_check(
+            name=f"sanity: regime — with the label noise, {arm} at its noise-free pick loses that gain on D2's "
+                 "minority (log RMSE ratio to ERM >= 0)", metric="d2_noisy_at_clean_pick_rmse_minority",
+            values=[np.log(m[arm]["d2_noisy_at_clean_pick_rmse_minority"] / m["erm"]["d2_noisy_erm_rmse_minority"])
+                    for m in per_seed_metrics], direction=">=", threshold=0.0, kind="sanity", arm=arm,
+            guards=d2_guard,
+            detail=(f"per seed, {arm} at the strength {rules['d2'][0]} picked on the noise-free D2 "
+                    f"({', '.join(f'{v:g}' for v in lams)}), trained on the noisy labels; paired log(its minority "
+                    "RMSE / ERM's, both on the noisy training set). Baselines only")),
+            "the regime: over-pessimism — with 5% gross label noise the conventional DRO arm loses its "
+            "noise-free gain on the minority (the premise GCDRO's calibration addresses)."))
 
     tuning: dict[str, Any] = {}
     for arm in TUNED_ARMS:
@@ -584,7 +708,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             threshold=cfg.interior_min_fraction, arm=arm, guards=c2_guard,
             detail=(f"tuning: {arm}'s selected value must lie inside its evaluated grid or at its natural bound, "
                     f"else the C2 comparisons that include it may be against an untuned arm. (seed, data set D1/D2) "
-                    f"cells, selection {cfg.selection}, up to {cfg.grid_extra} extensions{nb}")))
+                    f"cells, selection D1 {cfg.selection}, D2 {cfg.selection_d2}, up to {cfg.grid_extra} "
+                    f"extensions{nb}")))
         tuning[arm] = {d: [t.record() for t in tuned_cells[d][arm]] for d in ("d1", "d2")}
 
     artifacts = [_plot_matched(cfg, s, out_dir / "c1_matched_tv.png"),
@@ -594,7 +719,9 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     extra = {"d1_env_rmse": env_rmse, "r_test": list(cfg.r_test), "lodo_r": cfg.lodo_r,
              "best_baseline": {d: best_arm[d][rules[d][0]] for d in rules}, "selection": selection,
              "tuning": tuning, "grids": {str(k): v for k, v in grids.items()}, "erm_ols_gap": erm_gap,
-             "c1_unreached": unreached}
+             "c1_unreached": unreached,
+             "d2_regime": {"selected_dro_baseline": regime_best, "tuning": regime_tuning,
+                           "selection": rules["d2"][0], "layout": cfg.d2_layout}}
     return rec.finish(checks, artifacts=artifacts, extra=extra)
 
 
