@@ -172,6 +172,14 @@ def test_d2_regime_uses_the_baselines_only(monkeypatch):
     monkeypatch.setattr(ex, "make_estimator", spy)
     d2 = ex.d2_data(cfg, numpy_generator(5), numpy_generator(6))
     assert (d2["y"] != d2["y_clean"]).sum() == round(cfg.noise_frac * cfg.n_train)  # the gross noise only
+    xv, yv, yv_clean, gv = d2["val"]
+    assert (yv != yv_clean).any()
+    erm = real(cfg, "erm", 0.0, 5).fit(d2["x"], d2["y"])
+    for key, yy in (("score", yv), ("score_clean", yv_clean)):  # the noise-free run validates on clean labels
+        sc = d2[key](erm)
+        assert sc[ex.TRAIN_VAL] == pytest.approx(float(np.sqrt(np.mean((erm.predict(xv) - yy) ** 2))), rel=1e-12)
+        worst = max(float(np.sqrt(np.mean((erm.predict(xv[gv == g]) - yy[gv == g]) ** 2))) for g in (0, 1))
+        assert sc[ex.WORST_GROUP] == pytest.approx(worst, rel=1e-12)
     reg = ex.d2_regime(cfg, 5, d2)
     assert "gcdro" not in built and set(built) == {"erm", *ex.REGIME_ARMS}
     m = reg["metrics"]

@@ -409,7 +409,8 @@ def d2_data(cfg: Config, rng: np.random.Generator, rng_oracle: np.random.Generat
     yv, _ = corrupt_labels(yv_clean, frac=cfg.noise_frac, scale=cfg.noise_scale, rng=rng)
     groups = {g: subpopulation_regression(n=cfg.n_test, rng=rng, group=g, **sub)[:2] for g in ("majority", "minority")}
     oracle = subpopulation_regression(n=cfg.n_select, rng=rng_oracle, group="minority", **sub)[:2]
-    return {"x": x, "y": y, "y_clean": y_clean, "score": _d2_scorer((xv, yv, gv), groups, oracle),
+    return {"x": x, "y": y, "y_clean": y_clean, "val": (xv, yv, yv_clean, gv),
+            "score": _d2_scorer((xv, yv, gv), groups, oracle),
             "score_clean": _d2_scorer((xv, yv_clean, gv), groups, oracle)}
 
 
