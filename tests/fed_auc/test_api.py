@@ -151,9 +151,16 @@ def test_compositional_differs_from_minimax_and_reduces_to_it_at_eta0_zero():
 
 
 # ------------------------------------------------------------------------------------------- naive reference
-def _naive_run(net, clients, *, objective, L, I, rounds, eta0, lr_x, lr_y, beta, gamma, seed, batch):
+def _naive_run(net, clients, *, objective, L, I, rounds, eta0, lr_x, lr_y, beta, gamma, seed, batch,
+               jacobian="hvp", jvp_beta=None, clip=None, epoch_decay=0.0, decay_at=(), decay_factor=10.0):
     """LocalSCGDAM / multi-level / AUC-M / CE written out with explicit Hessians (J_l = I − η0 H) and
-    explicit averaging; independent of the library's update code (shares only the batch sampler contract)."""
+    explicit averaging; independent of the library's update code (shares only the batch sampler contract).
+
+    ``jacobian="estimator"``: z_l ← (1−β_J)z_l + β_J J_lᵀ z_{l+1} (z_L = ∇_u f), G = z_1, the z_l averaged too.
+    LibAUC's stabilisers: g ← clip(g) + λ0(p − p_ref) on w, a, b; p_ref = the initial p, then at each step count in
+    ``decay_at`` the mean of the synchronised iterates at the round starts since the last reset; η_x, η_y divided by
+    ``decay_factor`` from each step count in ``decay_at`` on."""
+    jb = beta if jvp_beta is None else jvp_beta
     names = [k for k, _ in net.named_parameters()]
     shapes = [p.shape for _, p in net.named_parameters()]
     sizes = [p.numel() for _, p in net.named_parameters()]
@@ -179,12 +186,24 @@ def _naive_run(net, clients, *, objective, L, I, rounds, eta0, lr_x, lr_y, beta,
 
     K = len(clients)
     S = [dict(w=w0.clone(), a=torch.zeros((), dtype=DT), b=torch.zeros((), dtype=DT), al=torch.zeros((), dtype=DT),
-              mw=None, ma=None, mb=None, n=None, h=[None] * (L - 1)) for _ in range(K)]
+              mw=None, ma=None, mb=None, n=None, h=[None] * (L - 1), z=[None] * (L - 1), t=0) for _ in range(K)]
+    cl = (lambda g: g) if clip is None else (lambda g: torch.clamp(g, -clip, clip))  # noqa: E731
     gens = [client_generator(seed, k) for k in range(K)]
     for _ in range(rounds):
         for k, (x, y) in enumerate(clients):
             s = S[k]
             for _ in range(I):
+                t = s["t"]
+                if epoch_decay > 0:
+                    if t == 0:
+                        s["ref"], s["acc"], s["cnt"] = (s["w"], s["a"], s["b"]), [0.0, 0.0, 0.0], 0
+                    elif t % I == 0:
+                        s["acc"] = [s["acc"][0] + s["w"], s["acc"][1] + s["a"], s["acc"][2] + s["b"]]
+                        s["cnt"] += 1
+                        if t in decay_at:
+                            s["ref"] = tuple(v / s["cnt"] for v in s["acc"])
+                            s["acc"], s["cnt"] = [0.0, 0.0, 0.0], 0
+                sc = decay_factor ** -sum(d <= t for d in decay_at)
                 idx = torch.randint(len(y), (batch,), generator=gens[k])
                 xb, yb = x[idx], y[idx]
                 yf = yb.to(DT)
@@ -205,25 +224,38 @@ def _naive_run(net, clients, *, objective, L, I, rounds, eta0, lr_x, lr_y, beta,
                     gu, ga, gb, gal = torch.func.grad(lambda w, a, b, al: auc(w, a, b, al, xb, yb),  # noqa: B023 (called at once)
                                                       argnums=(0, 1, 2, 3))(pt, s["a"], s["b"], s["al"])
                     gw = gu
-                    for J in reversed(Js):
+                    for lvl in reversed(range(L - 1)):
+                        J = Js[lvl] if jacobian != "identity" else torch.eye(len(gw), dtype=DT)
                         gw = J.T @ gw
+                        if jacobian == "estimator":
+                            s["z"][lvl] = gw if s["z"][lvl] is None else (1 - jb) * s["z"][lvl] + jb * gw
+                            gw = s["z"][lvl]
+                gw = cl(gw)
+                if objective != "ce":
+                    ga, gb = cl(ga), cl(gb)
+                if epoch_decay > 0:
+                    gw = gw + epoch_decay * (s["w"] - s["ref"][0])
+                    if objective != "ce":
+                        ga, gb = ga + epoch_decay * (s["a"] - s["ref"][1]), gb + epoch_decay * (s["b"] - s["ref"][2])
                 ema = lambda old, g: g if old is None else (1 - gamma) * old + gamma * g  # noqa: E731
                 s["mw"] = ema(s["mw"], gw)
-                s["w"] = s["w"] - lr_x * s["mw"]
+                s["w"] = s["w"] - sc * lr_x * s["mw"]
                 if objective != "ce":
                     s["ma"], s["mb"], s["n"] = ema(s["ma"], ga), ema(s["mb"], gb), ema(s["n"], gal)
-                    s["a"], s["b"] = s["a"] - lr_x * s["ma"], s["b"] - lr_x * s["mb"]
-                    s["al"] = torch.clamp(s["al"] + lr_y * s["n"], min=0.0)
+                    s["a"], s["b"] = s["a"] - sc * lr_x * s["ma"], s["b"] - sc * lr_x * s["mb"]
+                    s["al"] = torch.clamp(s["al"] + sc * lr_y * s["n"], min=0.0)
+                s["t"] = t + 1
         for key in ("w", "a", "b", "al", "mw", "ma", "mb", "n"):
             if S[0][key] is not None:
                 avg = sum(s[key] for s in S) / K
                 for s in S:
                     s[key] = avg.clone()
-        for lvl in range(L - 1):
-            if S[0]["h"][lvl] is not None:
-                avg = sum(s["h"][lvl] for s in S) / K
-                for s in S:
-                    s["h"][lvl] = avg.clone()
+        for est in ("h", "z"):
+            for lvl in range(L - 1):
+                if S[0][est][lvl] is not None:
+                    avg = sum(s[est][lvl] for s in S) / K
+                    for s in S:
+                        s[est][lvl] = avg.clone()
     return S[0]
 
 
@@ -246,6 +278,79 @@ def test_federated_algorithm_equals_the_naive_reference(objective, L, K, I):
         torch.testing.assert_close(got["alpha"], ref["al"].reshape(1), rtol=1e-9, atol=1e-11)
     for lvl in range(L - 1 if objective == "compositional" else 0):
         torch.testing.assert_close(got[f"h{lvl + 1}"], ref["h"][lvl], rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("objective, L, K, I, jacobian", [
+    ("compositional", 3, 3, 2, "estimator"),  # the claim arm: JVP estimators, with every stabiliser
+    ("compositional", 2, 2, 2, "estimator"),
+    ("compositional", 3, 2, 2, "hvp"),        # the reported variants under the same stabilisers
+    ("compositional", 3, 2, 2, "identity"),
+    ("aucm", 2, 2, 3, "hvp"),
+    ("ce", 2, 2, 3, "hvp"),
+])
+def test_jvp_estimators_and_libauc_stabilisers_equal_the_naive_reference(objective, L, K, I, jacobian):
+    """Issue 29: the moving-average JVP estimators, the clip, the epoch-decay proximal term with its reference
+    resets and the step decay, against the explicit-Hessian reference (decays after rounds 2 and 3 of 4)."""
+    clients = _clients(K)
+    hp = dict(eta0=0.3, lr_x=0.2, lr_y=0.1, beta=0.6, gamma=0.7)
+    st = dict(jacobian=jacobian, jvp_beta=0.4, epoch_decay=0.5, decay_at=(2 * I, 3 * I), decay_factor=3.0)
+    algo = FederatedCompositionalAUC(_net(), objective=objective, levels=L, local_steps=I, loss_version="v2",
+                                     clip_value=0.05, **hp, **st)
+    got = simulate(algo, clients, rounds=4, batch_size=8, seed=4).state
+    ref = _naive_run(_net(), clients, objective=objective, L=L, I=I, rounds=4, seed=4, batch=8, clip=0.05, **hp, **st)
+    torch.testing.assert_close(got["w"], ref["w"], rtol=1e-9, atol=1e-11)
+    if objective != "ce":
+        torch.testing.assert_close(got["ab"], torch.stack([ref["a"], ref["b"]]), rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(got["alpha"], ref["al"].reshape(1), rtol=1e-9, atol=1e-11)
+    if jacobian == "estimator":
+        assert algo.jvp_keys == [f"z{lvl}" for lvl in range(1, L)] and set(algo.jvp_keys) <= set(algo.comm_keys)
+        for lvl in range(L - 1):
+            torch.testing.assert_close(got[f"z{lvl + 1}"], ref["z"][lvl], rtol=1e-9, atol=1e-11)
+    # and the stabilisers matter here: without them the run ends elsewhere
+    plain = FederatedCompositionalAUC(_net(), objective=objective, levels=L, local_steps=I, loss_version="v2",
+                                      jacobian=jacobian, jvp_beta=0.4, **hp)
+    assert (simulate(plain, clients, rounds=4, batch_size=8, seed=4).state["w"] - got["w"]).abs().max() > 1e-4
+
+
+def test_jvp_estimator_with_weight_one_is_the_exact_hvp_and_differs_below_one():
+    clients = _clients(2)
+    hp = dict(levels=3, eta0=0.4, lr_x=0.2, lr_y=0.1, beta=0.6, gamma=0.7, local_steps=2, loss_version="v2")
+    hvp = simulate(FederatedCompositionalAUC(_net(), jacobian="hvp", **hp), clients, rounds=3, batch_size=8, seed=2)
+    one = simulate(FederatedCompositionalAUC(_net(), jacobian="estimator", jvp_beta=1.0, **hp), clients, rounds=3,
+                   batch_size=8, seed=2)
+    half = simulate(FederatedCompositionalAUC(_net(), jacobian="estimator", jvp_beta=0.5, **hp), clients, rounds=3,
+                    batch_size=8, seed=2)
+    for k in ("w", "ab", "alpha", "m_w", "h1", "h2"):
+        torch.testing.assert_close(one.state[k], hvp.state[k], rtol=1e-12, atol=1e-14)
+    assert (half.state["w"] - hvp.state["w"]).abs().max() > 1e-4
+
+
+def test_jvp_estimator_tracks_the_mean_exact_product_with_less_variance():
+    """A frozen model (η_x = η_y = 1e-300 leave x, a, b, α unchanged in float64; β = 1) fed batches A, B, A, B, ...:
+    the exact products J_Aᵀv_A and J_Bᵀv_B are constant, and z_1 = (1−β_J)z_1 + β_J·(exact product) settles into a
+    2-cycle whose mean is their mean and whose swing is β_J/(2−β_J) of theirs (the moving average's variance
+    reduction)."""
+    (x, y), = _clients(1)
+    A, B = (x[:8], y[:8]), (x[8:16], y[8:16])
+    assert int(A[1].sum()) and int(B[1].sum())
+    hp = dict(objective="compositional", levels=2, eta0=0.5, lr_x=1e-300, lr_y=1e-300, beta=1.0, gamma=1.0,
+              local_steps=1, loss_version="v2")
+    jb = 0.3
+    est = FederatedCompositionalAUC(_net(), jacobian="estimator", jvp_beta=jb, **hp)
+    exact = FederatedCompositionalAUC(_net(), jacobian="hvp", **hp)
+    st, ref = est.init_state(), exact.init_state()
+    w0 = st["w"].clone()
+    for _ in range(60):
+        zs, ps = [], []
+        for xb, yb in (A, B):
+            est.local_step(st, xb, yb)
+            exact.local_step(ref, xb, yb)
+            zs.append(st["z1"].clone())
+            ps.append(ref["m_w"].clone())  # γ = 1: the momentum is this batch's exact product
+    torch.testing.assert_close(st["w"], w0, rtol=0, atol=0)  # frozen
+    assert (ps[0] - ps[1]).abs().max() > 1e-3  # the two batches' products differ
+    torch.testing.assert_close((zs[0] + zs[1]) / 2, (ps[0] + ps[1]) / 2, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(zs[1] - zs[0], (ps[1] - ps[0]) * jb / (2 - jb), rtol=1e-8, atol=1e-10)
 
 
 def test_identical_clients_follow_the_single_machine_trajectory():

@@ -134,3 +134,39 @@ def test_two_level_compositional_with_one_client_tracks_pdsca():
     # PDSCA's weight buffer is our estimator h_1
     buf = torch.cat([opt.state[p]["weight_buffer"].reshape(-1) for p in model[0].parameters()])
     torch.testing.assert_close(st["h1"], buf, rtol=1e-4, atol=1e-6)
+
+
+def test_libauc_stabilisers_track_pesg_with_epoch_decay_and_update_regularizer():
+    """Issue 29: clip 1.0, the epoch-decay proximal term and ``update_regularizer(decay_factor)`` (η/10 and x_ref ←
+    the stage's average iterate) as in PESG, step for step (K = 1, I = 1: every iterate is a synchronised one).
+    PESG draws its first x_ref at random (std 0.01); ours starts at the initial point (PESG's docstring), so the
+    test sets PESG's to the initial point."""
+    x, y = _data()
+    net = _net()
+    model = nn.Sequential(copy.deepcopy(net), nn.Sigmoid())
+    lr, mom, ed, T, d1, d2 = 0.3, 0.8, 0.05, 14, 5, 10
+    loss_fn = AUCMLoss(margin=1.0, imratio=P, version="v1", device="cpu")
+    opt = PESG(model.parameters(), loss_fn=loss_fn, lr=lr, momentum=mom, clip_value=1.0, weight_decay=0.0,
+               epoch_decay=ed, device="cpu", verbose=False)
+    init = [p.detach().clone() for p in model[0].parameters()] + [loss_fn.a.detach().clone(),
+                                                                   loss_fn.b.detach().clone()]
+    assert len(opt.model_ref) == len(init)
+    for r, p0 in zip(opt.model_ref, init, strict=True):
+        r.data = p0.clone()
+    algo = FederatedCompositionalAUC(net, objective="aucm", lr_x=lr, lr_y=lr, gamma=mom, gamma_y=1.0, imratio=P,
+                                     loss_version="v1", clip_value=1.0, dual_grad="pesg", local_steps=1,
+                                     epoch_decay=ed, decay_at=(d1, d2), decay_factor=10.0)
+    st = algo.init_state()
+    for t, idx in enumerate(_batches(T)):
+        if t in (d1, d2):
+            opt.update_regularizer(decay_factor=10)
+        loss = loss_fn(model(x[idx]), y[idx].float(), auto=False)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        algo.local_step(st, x[idx], y[idx])
+        _assert_tracks(st, model, loss_fn)
+    ref = torch.cat([r.reshape(-1) for r in opt.model_ref[:-2]])
+    torch.testing.assert_close(st["w_ref"], ref, rtol=1e-4, atol=1e-6)
+    assert (st["w_ref"] - torch.cat([p.reshape(-1) for p in init[:-2]])).abs().max() > 1e-3  # it was reset
+    assert opt.param_groups[0]["lr"] == pytest.approx(lr / 100) and algo.lr_scale(T) == pytest.approx(1 / 100)

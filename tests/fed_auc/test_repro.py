@@ -23,12 +23,13 @@ def test_quick_run_writes_a_complete_result(quick):
     res, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["slug"] == "fed_auc" and d["mode"] == "quick" and d["seeds"] == [0, 1]
-    assert set(d["summary"]) == {"ce", "aucm", "comp2", "comp3", "comp4", "comp3_frozen", "local"}
+    assert set(d["summary"]) == {"ce", "aucm", "comp2", "comp3", "comp4", "comp3_frozen", "local", "comp3_hvp",
+                                 "comp3_identity"}
     for name in ("auc_vs_round.png", "auc_vs_floats.png"):
         assert (out / name).stat().st_size > 1000
     kinds = [c.kind for c in res.claim_checks]
-    # per K: regime, negative control, one tuning check per tuned arm; then the ceiling
-    assert kinds.count("claim") == 3 and kinds.count("sanity") == 2 + len(TUNED_ARMS) + 1
+    # per K: two regime checks, negative control, one tuning check per tuned arm; then the ceiling
+    assert kinds.count("claim") == 3 and kinds.count("sanity") == 3 + len(TUNED_ARMS) + 1
     cfg = Config.quick()
     curves = res.extra["curves"]["K4/comp3"]
     assert curves["round"] == list(range(cfg.eval_every, cfg.rounds + 1, cfg.eval_every))
@@ -38,11 +39,13 @@ def test_quick_run_writes_a_complete_result(quick):
 def test_quick_run_communication_cost_and_regime(quick):
     res, _ = quick
     fpr = res.extra["floats_per_round"]
-    # per client: CE sends x, m; AUC-M adds a, b, α and their momenta; level L adds L−1 model-sized estimators
+    # per client: CE sends x, m; AUC-M adds a, b, α and their momenta; level L adds L−1 model-sized function
+    # estimators and (the claim arm's JVP estimators) L−1 model-sized JVP estimators; exact HVP / identity do not
     P = (fpr["K4/ce"] // 4) // 2
     assert fpr["K4/aucm"] == 4 * (2 * P + 6)
-    assert fpr["K4/comp2"] == 4 * (3 * P + 6) and fpr["K4/comp3"] == 4 * (4 * P + 6)
-    assert fpr["K4/comp4"] == 4 * (5 * P + 6)
+    assert fpr["K4/comp2"] == 4 * (4 * P + 6) and fpr["K4/comp3"] == 4 * (6 * P + 6)
+    assert fpr["K4/comp4"] == 4 * (8 * P + 6)
+    assert fpr["K4/comp3_hvp"] == fpr["K4/comp3_identity"] == 4 * (4 * P + 6)
     pos = res.extra["positives_per_client"]["K4/seed0"]
     assert min(pos) <= 0.25 * max(pos)  # non-IID: a client is nearly positive-free
     frozen = [c for c in res.claim_checks if "negative control" in c.name][0]
@@ -81,6 +84,9 @@ def test_guards_name_the_claims_they_condition_and_void_only_those(quick):
     neg = next(c for n, c in sanity.items() if "negative control" in n)
     assert neg.guards == [by_arm["aucm"]] and neg.detail.startswith("negative control: ")
     assert next(c for n, c in sanity.items() if "clients training alone" in n).guards == list(claims)
+    premise = sanity["K=4: regime: AUC-M minimax >= CE-FedAvg (AUC maximisation matters)"]
+    assert premise.guards == [by_arm["comp2"], by_arm["aucm"]]  # the compositional claims, not the CE claim
+    assert (premise.method_arm, premise.baseline_arm, premise.threshold) == ("aucm", "ce", 0.0)
     assert next(c for n, c in sanity.items() if "ceiling" in n).guards == []  # global: every claim
     assert all(c.detail.startswith(("the regime: ", "negative control: ", "tuning: ")) for c in sanity.values())
     for s in sanity.values():  # fail each guard alone (the others passing): it voids exactly the claims it names
@@ -121,7 +127,35 @@ def test_quick_run_writes_schema_3_that_the_shared_checker_accepts(quick):
     ({"beta": 0.0}, "beta"),
     ({"loss_version": "v3"}, "loss_version"),
     ({"margin_points": float("nan")}, "margin_points"),
+    ({"jacobian": "fd"}, "jacobian"),
+    ({"jacobian_variants": ("estimator",)}, "jacobian"),
+    ({"positive_classes": (3, 3)}, "positive_classes"),
+    ({"positive_classes": (10,)}, "positive_classes"),
+    ({"label_noise": 1.0}, "label_noise"),
+    ({"eta0": -0.1}, "eta0"),
+    ({"clip_value": 0.0}, "clip_value"),
+    ({"epoch_decay": -1.0}, "epoch_decay"),
+    ({"decay_fractions": (0.5, 1.0)}, "decay_fractions"),
+    ({"aucm_ce_points": float("nan")}, "aucm_ce_points"),
+    ({"workers": 0}, "workers"),
 ])
 def test_bad_config_raises(kw, match):
     with pytest.raises(ValueError, match=match):
         Config(**kw)
+
+
+def test_config_declares_the_claim_arm_and_libauc_schedule():
+    cfg = Config()
+    assert cfg.jacobian == "estimator" and set(cfg.jacobian_variants) == {"hvp", "identity"}
+    assert (cfg.rounds, cfg.local_steps, cfg.imratio, cfg.eta0) == (150, 4, 0.05, 0.1)
+    assert cfg.decay_rounds == (75, 112) and cfg.decay_at == (300, 448)
+    assert (cfg.clip_value, cfg.decay_factor) == (1.0, 10.0) and cfg.epoch_decay > 0
+
+
+def test_quick_run_records_the_jacobian_variants_beside_the_claim_arm(quick):
+    res, _ = quick
+    assert res.extra["claim_arm_jacobian"] == "estimator"
+    var = res.extra["jacobian_variants"]
+    assert set(var) == {"K4/comp3_hvp", "K4/comp3_identity", "K4/comp3"}
+    assert var["K4/comp3_hvp"]["test_auc"] != var["K4/comp3"]["test_auc"]  # a different algorithm ran
+    assert not any(c.method_arm in ("comp3_hvp", "comp3_identity") for c in res.claim_checks)  # not claims

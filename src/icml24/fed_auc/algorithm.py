@@ -9,6 +9,21 @@ the authors' two-level LocalSCGDAM (NeurIPS 2023) and LibAUC's PDSCA (notes §2.
     m ← (1−γ)m + γG_x,  n ← (1−γ_y)n + γ_y ∂_α f,  x ← x − η_x m,  α ← max(0, α + η_y n)
     every I local steps: x, a, b, α, m, n, h_1..h_{L−1} ← their average over the clients
 
+Three forms of the Jacobian product in G_x (``jacobian=``): ``"hvp"``, the exact per-batch product (L−1
+Hessian-vector products by double backward); ``"identity"``, J_l ≈ I (PDSCA); ``"estimator"``, the Jacobian-vector
+products tracked by their own moving-average estimators, as the companion compositional work tracks its Jacobians
+(NOTE(deviation): the ICML 2024 paper's body is not available, so this form is reconstructed):
+
+    z_L = ∇_u f,   z_l ← (1−β_J)z_l + β_J(z_{l+1} − η0∇²L_CE^(k)(point of level l) z_{l+1}),  l = L−1, ..., 1
+    G_x = z_1      (β_J = 1 is the exact product; the z_l are averaged with the model like the h_l)
+
+LibAUC's stabilisers (PESG/PDSCA), for every objective: an elementwise clip of the primal stochastic gradient
+(``clip_value``), the epoch-decay proximal term λ0(x − x_ref) added to the primal gradient (``epoch_decay``; x_ref
+starts at the initial weights, as PESG's docstring, and is reset at every decay to the average of the synchronised
+iterates of the stage that ends, NOTE(deviation): LibAUC averages every local iterate, which differ across clients),
+and the step decay η_x, η_y ← η/``decay_factor`` at the local step counts ``decay_at`` (LibAUC: at 50% and 75% of
+training); η0 is not decayed (it defines the objective).
+
 The same class runs the baselines on the same code path: ``objective="ce"`` (CE-FedAvg with momentum),
 ``"aucm"`` (LocalSGDAM / CoDA-style federated AUC-M minimax) and ``"compositional"`` with ``levels=2``
 (LocalSCGDAM). The communication back ends (in-process simulator, torch.distributed) live in
@@ -24,9 +39,10 @@ from torch.func import functional_call
 from icml24.common import validate as v
 from icml24.fed_auc.losses import aucm_loss, bce_on_logits
 
-__all__ = ["FederatedCompositionalAUC", "OBJECTIVES"]
+__all__ = ["FederatedCompositionalAUC", "OBJECTIVES", "JACOBIANS"]
 
 OBJECTIVES = ("compositional", "aucm", "ce")
+JACOBIANS = ("hvp", "identity", "estimator")
 _OWNER = "FederatedCompositionalAUC"
 State = dict[str, torch.Tensor]
 
@@ -55,8 +71,14 @@ class FederatedCompositionalAUC:
         margin: m > 0 of the AUC-M loss.
         imratio: p ∈ (0, 1), positive ratio used by loss ``v1`` (a public number: the federation's ratio).
         loss_version: ``"v1"`` or ``"v2"`` AUC-M loss.
-        jacobian: ``"hvp"`` (exact Jacobian-vector products J_lᵀv = v − η0∇²L_CE v by double backward) or
-            ``"identity"`` (J_l ≈ I, PDSCA's approximation).
+        jacobian: ``"hvp"`` (exact Jacobian-vector products J_lᵀv = v − η0∇²L_CE v by double backward),
+            ``"identity"`` (J_l ≈ I, PDSCA's approximation) or ``"estimator"`` (the products tracked by moving-average
+            estimators z_l with weight ``jvp_beta`` on the new value; NOTE(deviation), see the module docstring).
+        jvp_beta: β_J ∈ (0, 1], new-value weight of the JVP estimators (default: ``beta``; 1 = exact HVP).
+        epoch_decay: λ0 ≥ 0 of LibAUC's epoch-level proximal term λ0(x − x_ref) on x, a, b (0 = none).
+        decay_at: local step counts (multiples of ``local_steps``: round boundaries) at which η_x, η_y are divided by
+            ``decay_factor`` and x_ref is reset (LibAUC's ``update_regularizer``).
+        decay_factor: > 0, LibAUC's 10.
         clip_value: elementwise clip of the primal stochastic gradients (LibAUC uses 1.0); ``None`` = no clip.
         weight_decay: λ ≥ 0 added to the primal gradient as λx (also on a, b, like LibAUC).
         primal_from: ``"x"`` (x ← x − η_x m, LocalSCGDAM) or ``"estimator"`` (w ← h_{L−1} − η_x m, PDSCA, which
@@ -70,7 +92,8 @@ class FederatedCompositionalAUC:
                  gamma_y: float | None = None, local_steps: int = 8, margin: float = 1.0,
                  imratio: float | None = None, loss_version: str = "v1", jacobian: str = "hvp",
                  clip_value: float | None = None, weight_decay: float = 0.0, primal_from: str = "x",
-                 dual_grad: str = "exact") -> None:
+                 dual_grad: str = "exact", jvp_beta: float | None = None, epoch_decay: float = 0.0,
+                 decay_at: tuple[int, ...] | list[int] = (), decay_factor: float = 10.0) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"{_OWNER}: model must be a torch.nn.Module, got {type(model).__name__}")
         self.objective = v.one_of(_OWNER, "objective", objective, OBJECTIVES)
@@ -90,7 +113,20 @@ class FederatedCompositionalAUC:
                 raise ValueError(f"{_OWNER}: imratio (p) is required for loss_version 'v1'")
             v.in_range(_OWNER, "imratio", imratio, 0.0, 1.0, low_open=True, high_open=True)
         self.imratio = None if imratio is None else float(imratio)
-        self.jacobian = v.one_of(_OWNER, "jacobian", jacobian, ("hvp", "identity"))
+        self.jacobian = v.one_of(_OWNER, "jacobian", jacobian, JACOBIANS)
+        self.jvp_beta = (self.beta if jvp_beta is None
+                         else v.in_range(_OWNER, "jvp_beta", jvp_beta, 0.0, 1.0, low_open=True))
+        if self.jacobian == "estimator" and self.jvp_beta == 0.0:
+            raise ValueError(f"{_OWNER}: jvp_beta must be > 0 with jacobian='estimator' (beta=0 freezes the "
+                             "function estimators only: pass jvp_beta)")
+        self.epoch_decay = v.non_negative(_OWNER, "epoch_decay", epoch_decay)
+        self.decay_factor = v.positive(_OWNER, "decay_factor", decay_factor)
+        steps = sorted(v.integer(_OWNER, "decay_at", d, minimum=1) for d in decay_at)
+        bad = [d for d in steps if d % self.local_steps]
+        if bad or len(set(steps)) != len(steps):
+            raise ValueError(f"{_OWNER}: decay_at must hold distinct multiples of local_steps={self.local_steps} "
+                             f"(round boundaries), got {list(decay_at)}")
+        self.decay_at = tuple(steps)
         self.clip_value = None if clip_value is None else v.positive(_OWNER, "clip_value", clip_value)
         self.weight_decay = v.non_negative(_OWNER, "weight_decay", weight_decay)
         self.primal_from = v.one_of(_OWNER, "primal_from", primal_from, ("x", "estimator"))
@@ -131,11 +167,22 @@ class FederatedCompositionalAUC:
         return [f"h{l}" for l in range(1, self.levels)] if self.objective == "compositional" else []
 
     @property
+    def jvp_keys(self) -> list[str]:
+        """The JVP estimators z_1..z_{L−1} (``jacobian="estimator"`` only), model-sized."""
+        if self.objective == "compositional" and self.jacobian == "estimator":
+            return [f"z{l}" for l in range(1, self.levels)]
+        return []
+
+    @property
     def comm_keys(self) -> list[str]:
         """The state tensors averaged at each communication round."""
         if self.objective == "ce":
             return ["w", "m_w"]
-        return ["w", "ab", "alpha", "m_w", "m_ab", "n", *self.estimator_keys]
+        return ["w", "ab", "alpha", "m_w", "m_ab", "n", *self.estimator_keys, *self.jvp_keys]
+
+    def lr_scale(self, t: int) -> float:
+        """The factor on η_x, η_y at local step ``t`` (0-based): 1/decay_factor per decay step ≤ t."""
+        return float(self.decay_factor) ** -sum(1 for d in self.decay_at if d <= t)
 
     def floats_per_client(self) -> int:
         """Floats one client uploads per communication round (the multi-level method adds L−1 model-sized h_l)."""
@@ -151,6 +198,10 @@ class FederatedCompositionalAUC:
                      "t": torch.zeros((), dtype=torch.long, device=w.device)}
         for k in self.estimator_keys:
             st[k] = w.clone()  # overwritten by the first new value (LibAUC's buffer initialisation)
+        for k in self.jvp_keys:
+            st[k] = torch.zeros_like(w)  # overwritten by the first new value
+        if self.epoch_decay > 0:  # x_ref (set to the global x at the first step), sum of the stage's synced iterates
+            st.update(w_ref=w.clone(), ab_ref=z(2), w_acc=torch.zeros_like(w), ab_acc=z(2), acc_n=z(1))
         return st
 
     def predictor_weights(self, state: State) -> torch.Tensor:
@@ -177,14 +228,38 @@ class FederatedCompositionalAUC:
                 m.training = mode
 
     # ------------------------------------------------------------------ one local step
-    def _primal_grad(self, g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    def _primal_grad(self, g: torch.Tensor, p: torch.Tensor, ref: torch.Tensor | None = None) -> torch.Tensor:
         if self.clip_value is not None:
             g = g.clamp(-self.clip_value, self.clip_value)
+        if ref is not None and self.epoch_decay > 0:  # LibAUC: clip(g) + λ0(p − p_ref) + λp
+            g = g + self.epoch_decay * (p - ref)
         return g + self.weight_decay * p if self.weight_decay else g
+
+    def _stage(self, state: State, t: int) -> None:
+        """Epoch-decay bookkeeping at the start of local step ``t``: at t = 0 x_ref is the (global) initial x; at
+        each later round boundary the synchronised iterate joins the stage's average, and at a decay step x_ref
+        becomes that average (LibAUC's ``update_regularizer``)."""
+        if self.epoch_decay <= 0:
+            return
+        if t == 0:
+            state["w_ref"], state["ab_ref"] = state["w"].clone(), state["ab"].clone()
+            return
+        if t % self.local_steps:
+            return
+        state["w_acc"] = state["w_acc"] + state["w"]
+        state["ab_acc"] = state["ab_acc"] + state["ab"]
+        state["acc_n"] = state["acc_n"] + 1.0
+        if t in self.decay_at:
+            state["w_ref"], state["ab_ref"] = state["w_acc"] / state["acc_n"], state["ab_acc"] / state["acc_n"]
+            state["w_acc"], state["ab_acc"] = torch.zeros_like(state["w_acc"]), torch.zeros_like(state["ab_acc"])
+            state["acc_n"] = torch.zeros_like(state["acc_n"])
 
     def local_step(self, state: State, x: torch.Tensor, y: torch.Tensor) -> State:
         """One local update of a client on the minibatch ``(x, y)``; updates ``state`` in place and returns it."""
-        first = int(state["t"]) == 0
+        t = int(state["t"])
+        first = t == 0
+        self._stage(state, t)
+        scale = self.lr_scale(t)
         w, ab, alpha = state["w"], state["ab"], state["alpha"]
         g_ab = g_alpha = None
         if self.objective == "ce":
@@ -194,7 +269,7 @@ class FederatedCompositionalAUC:
             wr, abr, alr = (t.detach().requires_grad_(True) for t in (w, ab, alpha))
             g_w, g_ab, g_alpha = torch.autograd.grad(self._auc(wr, abr, alr, x, y), (wr, abr, alr))
         else:
-            exact = self.jacobian == "hvp"
+            exact = self.jacobian in ("hvp", "estimator") and self.eta0 > 0
             prev, points = w, []
             for l in range(1, self.levels):
                 pt = prev.detach().requires_grad_(True)
@@ -206,26 +281,36 @@ class FederatedCompositionalAUC:
                 prev = state[key]
             ur, abr, alr = (t.detach().requires_grad_(True) for t in (prev, ab, alpha))
             g_w, g_ab, g_alpha = torch.autograd.grad(self._auc(ur, abr, alr, x, y), (ur, abr, alr))
-            if exact and self.eta0 > 0:
-                for pt, g in reversed(points):  # J_lᵀ v = v − η0 ∇²L_CE(pt) v, l = L−1, ..., 1
-                    (hv,) = torch.autograd.grad(g, pt, grad_outputs=g_w)
-                    g_w = g_w - self.eta0 * hv
-        g_w = self._primal_grad(g_w.detach(), w)
+            if self.jacobian != "identity":
+                for l in range(self.levels - 1, 0, -1):  # J_lᵀ v = v − η0 ∇²L_CE(pt) v, l = L−1, ..., 1
+                    pt, g = points[l - 1]
+                    if exact:
+                        (hv,) = torch.autograd.grad(g, pt, grad_outputs=g_w.detach())
+                        new = (g_w - self.eta0 * hv).detach()
+                    else:
+                        new = g_w.detach()
+                    if self.jacobian == "estimator":  # z_l tracks J_lᵀ z_{l+1} by its own moving average
+                        key = f"z{l}"
+                        state[key] = new if first else (1.0 - self.jvp_beta) * state[key] + self.jvp_beta * new
+                        g_w = state[key]
+                    else:
+                        g_w = new
+        g_w = self._primal_grad(g_w.detach(), w, state.get("w_ref"))
         state["m_w"] = g_w if first else (1.0 - self.gamma) * state["m_w"] + self.gamma * g_w
         base = state[f"h{self.levels - 1}"] if self.primal_from == "estimator" else w
-        state["w"] = base - self.lr_x * state["m_w"]
+        state["w"] = base - scale * self.lr_x * state["m_w"]
         if self.objective != "ce":
             assert g_ab is not None and g_alpha is not None
-            g_ab = self._primal_grad(g_ab.detach(), ab)
+            g_ab = self._primal_grad(g_ab.detach(), ab, state.get("ab_ref"))
             state["m_ab"] = g_ab if first else (1.0 - self.gamma) * state["m_ab"] + self.gamma * g_ab
-            state["ab"] = ab - self.lr_x * state["m_ab"]
+            state["ab"] = ab - scale * self.lr_x * state["m_ab"]
             if self.dual_grad == "pesg":  # LibAUC: closed form with the already-updated a, b
                 a_new, b_new = state["ab"][0:1], state["ab"][1:2]
                 g_y = 2.0 * (self.margin + b_new - a_new) - 2.0 * alpha
             else:
                 g_y = g_alpha.detach()
             state["n"] = g_y if first else (1.0 - self.gamma_y) * state["n"] + self.gamma_y * g_y
-            state["alpha"] = torch.clamp(alpha + self.lr_y * state["n"], min=0.0)  # projection onto α ≥ 0
+            state["alpha"] = torch.clamp(alpha + scale * self.lr_y * state["n"], min=0.0)  # projection onto α ≥ 0
         state["t"] = state["t"] + 1
         return state
 

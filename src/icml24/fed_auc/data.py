@@ -50,8 +50,8 @@ def _subsample_positives(x: np.ndarray, y: np.ndarray, ratio: float, rng: np.ran
     return x[idx], y[idx]
 
 
-def load_task(name: str, *, seed: int, imratio: float = 0.05, positive_class: int = 0,
-              val_fraction: float = 0.2) -> BinaryTask:
+def load_task(name: str, *, seed: int, imratio: float = 0.05, positive_class: int | tuple[int, ...] = 0,
+              val_fraction: float = 0.2, label_noise: float = 0.0) -> BinaryTask:
     """An imbalanced binary task with a validation split.
 
     Args:
@@ -60,19 +60,32 @@ def load_task(name: str, *, seed: int, imratio: float = 0.05, positive_class: in
             (benign = positive).
         seed: seeds the validation split and the positive subsampling.
         imratio: target positive ratio p ∈ (0, 0.5] of the training and validation sets.
-        positive_class: the MNIST-1D class taken as positive.
+        positive_class: the MNIST-1D class (or classes, a tuple, e.g. ``(3, 5, 8)``) taken as positive.
         val_fraction: fraction of the training set held out for tuning.
+        label_noise: MNIST-1D only: this fraction of the training and validation series get a uniformly drawn
+            class (of 10) in place of their own before the binary labels are formed (the test set stays clean).
     """
     v.one_of(_OWNER, "name", name, TASKS)
     v.integer(_OWNER, "seed", seed, minimum=0)
     v.in_range(_OWNER, "imratio", imratio, 0.0, 0.5, low_open=True)
     v.in_range(_OWNER, "val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
     rng = np.random.default_rng([seed, 11])
+    v.in_range(_OWNER, "label_noise", label_noise, 0.0, 1.0, high_open=True)
+    if label_noise > 0 and name != "mnist1d":
+        raise ValueError(f"{_OWNER}: label_noise is defined for mnist1d only (a class redrawn among 10), got {name!r}")
     if name == "mnist1d":
-        v.integer(_OWNER, "positive_class", positive_class, minimum=0, maximum=9)
+        pcs = tuple(positive_class) if isinstance(positive_class, (tuple, list)) else (positive_class,)
+        if not pcs or len(set(pcs)) != len(pcs) or len(pcs) > 9:
+            raise ValueError(f"{_OWNER}: positive_class must be 1-9 distinct MNIST-1D classes, got {positive_class!r}")
+        for c in pcs:
+            v.integer(_OWNER, "positive_class", c, minimum=0, maximum=9)
         s = load_mnist1d(seed=seed, val_fraction=0.0)
-        xtr, ytr = s.x_train.numpy().astype(np.float64), (s.y_train.numpy() == positive_class).astype(np.int64)
-        xte, yte = s.x_test.numpy().astype(np.float64), (s.y_test.numpy() == positive_class).astype(np.int64)
+        ctr = s.y_train.numpy().astype(np.int64).copy()
+        if label_noise > 0:
+            noisy = np.random.default_rng([seed, 17]).random(len(ctr)) < label_noise
+            ctr[noisy] = np.random.default_rng([seed, 19]).integers(0, 10, size=int(noisy.sum()))
+        xtr, ytr = s.x_train.numpy().astype(np.float64), np.isin(ctr, pcs).astype(np.int64)
+        xte, yte = s.x_test.numpy().astype(np.float64), np.isin(s.y_test.numpy(), pcs).astype(np.int64)
     elif name == "make_classification":
         x, y = make_classification(n_samples=6000, n_features=40, n_informative=8, n_redundant=8,
                                    n_clusters_per_class=3, class_sep=0.8, flip_y=0.02, weights=[0.85, 0.15],
