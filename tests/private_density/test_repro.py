@@ -16,6 +16,8 @@ from icml24.private_density.experiment import (
     _family_oracle_cutoff,
     c3_name,
     calibrate_kappa_priv,
+    constant_control_check,
+    constant_control_name,
     ratio_slopes,
     run,
     theory_slope,
@@ -36,10 +38,11 @@ def test_outputs_written(quick):
     data = json.loads((out / "results.json").read_text())
     assert data["mode"] == "quick" and data["slug"] == "private_density"
     assert (out / "report.md").exists() and (out / "mise_vs_n.png").exists() and (out / "cutoff_vs_n.png").exists()
-    # closed form, one slope check and one C3 rate claim per (d, beta), three negative controls per C3 claim
+    # closed form, one slope check and one C3 rate claim per (d, beta), two constant-factor controls (mechanisms)
+    # and one rate control (the fixed cutoff, sanity) per C3 claim (amendment A6)
     cfg = Config.quick()
     cells = len(cfg.dims) * len(cfg.betas)
-    assert len(res.claim_checks) == 1 + cells + cells + 3 * cells
+    assert len(res.claim_checks) == 1 + cells + cells + 2 * cells + cells
     assert all(np.isfinite(c.measured) for c in res.claim_checks)
 
 
@@ -60,7 +63,7 @@ def test_checks_are_labelled_and_the_c3_claims_are_rate_slopes_with_a_ci(quick):
     cells = len(cfg.dims) * len(cfg.betas)
     kinds = [(c.name.split(" ")[0], c.kind) for c in res.claim_checks]
     assert kinds == ([("C1", "mechanism")] + [("C2", "mechanism")] * cells + [("C3", "claim")] * cells
-                     + [("C3", "sanity")] * 3 * cells)
+                     + [("C3", "mechanism")] * 2 * cells + [("C3", "sanity")] * cells)
     claims = res.checks("claim")
     assert [c.name for c in claims] == [c3_name(d, b) for d in cfg.dims for b in cfg.betas]
     cellrows = res.extra["cells"]
@@ -188,25 +191,29 @@ def test_results_file_is_schema_3_and_passes_the_shared_checker(quick):
     check_results_file(out / "results.json")
 
 
-def test_each_negative_control_applies_the_claims_statistic_and_guards_its_cells_claim(quick):
-    """Per (d, beta), each control arm gets the claim's own rate statistic on the claim path; it is rejected (the
-    sanity check passes) when the upper t bound of its mean slope exceeds the rate bound, and it guards exactly
-    the C3 claim of its (d, beta), which is void when a control of its cell is not rejected."""
+def test_the_fixed_cutoff_control_applies_the_claims_statistic_and_guards_its_cells_claim(quick):
+    """Amendment A6: per (d, beta), the fixed cutoff (the only rate control) gets the claim's own rate statistic on
+    the claim path; it is rejected (the sanity check passes) when the upper t bound of its mean slope exceeds the
+    rate bound, and it guards exactly the C3 claim of its (d, beta), which is void when it is not rejected. No
+    privacy-naive arm guards a claim (the old wiring)."""
     res, _ = quick
     cfg = Config.quick()
     by_name = {c.name: c for c in res.checks("claim")}
     sanity = res.checks("sanity")
-    assert len(sanity) == 3 * len(by_name)
+    assert len(sanity) == len(by_name)
     for c in sanity:
         assert len(c.guards) == 1 and c.guards[0] in by_name and c.detail.startswith("negative control:")
-        assert c.method_arm in CONTROLS and c.threshold == cfg.rate_bound and c.direction == ">="
+        assert c.method_arm == "fixed_cutoff" and c.threshold == cfg.rate_bound and c.direction == ">="
         d, beta = int(c.name.split("d=")[1][0]), float(c.name.split("beta=")[1])
         assert c.guards == [c3_name(d, beta)]
         vals = [_reference_slope(res.extra["cells"], sd, d, beta, cfg.claim_path, c.method_arm) for sd in cfg.seeds]
         hi = stats.t.interval(0.95, len(vals) - 1, loc=np.mean(vals), scale=stats.sem(vals))[1]
         assert c.measured == pytest.approx(hi) and c.passed == (hi >= cfg.rate_bound)
     for name, claim in by_name.items():
-        assert claim.void_by == sorted(c.name for c in sanity if not c.passed and c.guards == [name])
+        guards = [c for c in sanity if name in c.guards]
+        assert [g.method_arm for g in guards] == ["fixed_cutoff"]
+        assert claim.void_by == sorted(c.name for c in guards if not c.passed)
+    assert not any(c.guards for c in res.claim_checks if c.method_arm in ("lepskii_naive", "nonprivate_cutoff"))
     regime = res.extra["c2_regime"]
     assert regime["holds"] == (regime["cost_band_factor"] <= cfg.cost_band)
     for c in res.claim_checks:
@@ -214,11 +221,94 @@ def test_each_negative_control_applies_the_claims_statistic_and_guards_its_cells
             assert c.kind == "mechanism" and "regime (not a vote" in c.detail
 
 
+def _reference_constant(cells, seeds, d, beta, path, arm, dominated_cost):
+    """Independent recomputation of the A6 constant-factor statistic: per seed, the mean over the path's
+    privacy-dominated cells of log(median ISE arm / median ISE private Lepskii)."""
+    out = []
+    for sd in seeds:
+        cs = [c["paths"][path] for c in cells if c["seed"] == sd and c["d"] == d and c["beta"] == beta
+              and c["paths"][path]["privacy_cost"] >= dominated_cost]
+        out.append(np.mean([np.log(c["median_ise"][arm]) - np.log(c["median_ise"]["lepskii_private"]) for c in cs]))
+    return out
+
+
+def test_privacy_naive_arms_are_constant_factor_mechanisms_with_a_paired_t_interval(quick):
+    """Amendment A6: per (d, beta) and privacy-naive arm one mechanism (guarding nothing): the paired log-ratio over
+    seeds of its geometric-mean ratio to the oracle and private Lepskii's, over the claim path's privacy-dominated
+    cells, holds when the lower end of the scipy t interval is >= 0."""
+    res, _ = quick
+    cfg = Config.quick()
+    mech = [c for c in res.checks("mechanism") if c.name.startswith("C3 constant-factor control")]
+    assert [(c.method_arm, c.name) for c in mech] == [
+        (a, constant_control_name(a, d, b)) for d in cfg.dims for b in cfg.betas for a in cfg.constant_control_arms]
+    assert cfg.constant_control_arms == ("nonprivate_cutoff", "lepskii_naive")
+    for c in mech:
+        d, beta = int(c.name.split("d=")[1][0]), float(c.name.split("beta=")[1])
+        vals = _reference_constant(res.extra["cells"], cfg.seeds, d, beta, cfg.claim_path, c.method_arm,
+                                   cfg.dominated_cost)
+        ci = stats.t.interval(0.95, len(vals) - 1, loc=np.mean(vals), scale=stats.sem(vals))
+        assert c.measured == pytest.approx(np.mean(vals)) and (c.ci_low, c.ci_high) == pytest.approx(ci)
+        assert c.baseline_arm == "lepskii_private" and c.threshold == 0.0 and c.direction == ">=" and not c.guards
+        assert c.passed == (ci[0] >= 0.0)
+        assert "not a rate control" in c.detail
+
+
+def _synthetic_cells(cfg, ratio_arm, ratio_lep, *, cost=10.0):
+    """Cells for one (d, beta) = (1, 1.5) per seed: median ISE of the oracle 1, private Lepskii ratio_lep(sd, n),
+    the naive arms ratio_arm(sd, n), closed-form privacy cost ``cost`` on both paths."""
+    out = {}
+    for sd in cfg.seeds:
+        out[sd] = [{"d": 1, "beta": 1.5, "n": n, "seed": sd, "paths": {p: {
+            "privacy_cost": cost, "median_ise": {"oracle": 1.0, "lepskii_private": ratio_lep(sd, n),
+                                                 "lepskii_naive": ratio_arm(sd, n),
+                                                 "nonprivate_cutoff": ratio_arm(sd, n)}}
+            for p in ("fixed", "scaled")}} for n in cfg.n_grid]
+    return out
+
+
+def test_constant_factor_control_can_fail():
+    """The A6 mechanism holds when the naive arm is worse than private Lepskii by a consistent factor, and fails
+    when it is as good or better, when the gap is not consistent over seeds, and when a seed has no
+    privacy-dominated cell (NaN)."""
+    cfg = Config()
+    jitter = {sd: 0.1 * (i - 2) for i, sd in enumerate(cfg.seeds)}
+    worse = _synthetic_cells(cfg, lambda sd, n: 3.0 * np.exp(jitter[sd]), lambda sd, n: 1.5)
+    c = constant_control_check(cfg, worse, 1, 1.5, "lepskii_naive")
+    assert c.kind == "mechanism" and c.passed and c.measured == pytest.approx(np.log(2.0))
+    better = _synthetic_cells(cfg, lambda sd, n: 1.2 * np.exp(jitter[sd]), lambda sd, n: 1.5)
+    assert not constant_control_check(cfg, better, 1, 1.5, "nonprivate_cutoff").passed
+    noisy = _synthetic_cells(cfg, lambda sd, n: 1.5 * np.exp(3 * jitter[sd] + 0.05), lambda sd, n: 1.5)
+    c = constant_control_check(cfg, noisy, 1, 1.5, "lepskii_naive")
+    assert c.measured > 0 and c.ci_low < 0 and not c.passed
+    # the ratio is the per-cell paired log-ratio averaged over the cells, not a ratio of means
+    mixed = _synthetic_cells(cfg, lambda sd, n: (100.0 if n == cfg.n_grid[0] else 0.9) * np.exp(jitter[sd]),
+                             lambda sd, n: 1.0)
+    c = constant_control_check(cfg, mixed, 1, 1.5, "lepskii_naive")
+    assert c.measured == pytest.approx((np.log(100.0) + 3 * np.log(0.9)) / 4)
+    # only privacy-dominated cells count; none in a seed -> NaN -> fails
+    undominated = _synthetic_cells(cfg, lambda sd, n: 3.0 * np.exp(jitter[sd]), lambda sd, n: 1.5,
+                                   cost=cfg.dominated_cost / 2)
+    c = constant_control_check(cfg, undominated, 1, 1.5, "lepskii_naive")
+    assert not c.passed and not np.isfinite(c.measured)
+
+
+def test_default_config_is_amendment_a6():
+    """A6: fresh seeds (not the first run's 0-4, not the pilot's 100), the fixed cutoff as the only rate control,
+    the privacy-naive arms as constant-factor controls."""
+    cfg = Config()
+    assert cfg.seeds == (10, 11, 12, 13, 14) and not set(cfg.seeds) & {0, 1, 2, 3, 4, 100}
+    assert cfg.rate_control_arms == ("fixed_cutoff",)
+    assert set(cfg.constant_control_arms) == {"nonprivate_cutoff", "lepskii_naive"}
+    assert cfg.rate_bound == 0.25 and cfg.claim_path == "fixed"
+
+
 def test_config_validates_the_c3_fields():
     with pytest.raises(ValueError, match="claim_path"):
         Config(claim_path="both")
-    with pytest.raises(ValueError, match="control_arms"):
-        Config(control_arms=("lepskii_private",))
+    with pytest.raises(ValueError, match="rate_control_arms"):
+        Config(rate_control_arms=("lepskii_private",))
+    with pytest.raises(ValueError, match="constant_control_arms"):
+        Config(constant_control_arms=("oracle",))
     with pytest.raises(ValueError, match="rate_bound"):
         Config(rate_bound=0.0)
 
