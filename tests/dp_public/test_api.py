@@ -687,10 +687,9 @@ def test_e3_beta_grid_holds_the_dp_gd_equivalent_and_values_above_0_9():
     from icml24.dp_public.experiment import linear_betas
 
     cfg = Config()
-    for r in cfg.lin_ratios:
-        betas = linear_betas(cfg, r)
-        n = round(cfg.lin_n_pub / r)
-        assert betas[0] == pytest.approx((n - cfg.lin_n_pub) / n)
+    for k in cfg.lin_n_pubs:  # n = lin_n is fixed, n_priv = n − n_pub
+        betas = linear_betas(cfg, k)
+        assert betas[0] == pytest.approx((cfg.lin_n - k) / cfg.lin_n)
         assert any(0.9 < b < 1.0 for b in betas[1:])
 
 

@@ -55,21 +55,23 @@ def test_tune_beta_lr_tunes_beta_on_the_public_weight_and_eta_inside():
 def test_full_grids_have_an_interior_and_equal_budgets():
     cfg = Config()
     assert len(cfg.lin_lrs) >= 3 and len(cfg.dig_lrs) >= 3
-    for r in cfg.lin_ratios:
-        betas = linear_betas(cfg, r)
+    for k in cfg.lin_n_pubs:
+        betas = linear_betas(cfg, k)
         assert len(set(betas)) == len(betas) >= 4  # n_priv/n is not counted twice
         grid, one = tuning_grids(betas, cfg.lin_lrs)
         assert len(grid) == len(one) == len(betas) * len(cfg.lin_lrs)
         assert min(one) == pytest.approx(min(cfg.lin_lrs)) and max(one) == pytest.approx(max(cfg.lin_lrs))
         # n_priv/n lies strictly inside the β grid at every fraction, and values above it exist
         assert min(betas) < betas[0] < max(betas)
-    # at fraction 0.01, n_priv/n = 0.99 is in lin_betas: it is dropped once
-    assert linear_betas(cfg, 0.01).count(0.99) == 1
+    # at n_pub = 25 of n = 2500, n_priv/n = 0.99 is in lin_betas: it is dropped once
+    assert linear_betas(cfg, 25).count(0.99) == 1
 
 
 def test_sanity_thresholds_and_tuning_budget_are_validated():
     for kw in ({"regime_mse_ratio": 0.9}, {"regime_acc_gap": -1.0}, {"interior_min_fraction": 1.5},
-               {"grid_extra": -1}, {"lin_lrs": (0.3,)}, {"dig_lrs": (1.0, 1.0)}):
+               {"grid_extra": -1}, {"lin_lrs": (0.3,)}, {"dig_lrs": (1.0, 1.0)}, {"dig_folds": 1},
+               {"lin_n_pubs": (50,)}, {"lin_n_pubs": (75, 75)}, {"lin_n_pubs": (2500,)}, {"lin_epsilons": (0.0,)},
+               {"workers": 0}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             Config(**kw)
     with pytest.raises(ValueError, match="dig_betas"):
@@ -78,3 +80,17 @@ def test_sanity_thresholds_and_tuning_budget_are_validated():
     cfg = Config()
     assert cfg.regime_mse_ratio == 1.05 and cfg.regime_acc_gap == 1.0 and cfg.interior_min_fraction == 0.5
     assert cfg.grid_extra == 2 and math.log(cfg.regime_mse_ratio) > 0
+
+
+def test_tune_lr_takes_one_score_per_fold_as_replicate_units():
+    # k-fold CV: the fold scores are the replicate units; no test metric is recorded (the caller refits)
+    t = tune_lr(lambda lr: ([1.0 / lr, 1.1 / lr, 0.9 / lr], None), [0.1, 0.3, 0.9], maximize=False, max_extra=0)
+    assert t.records[0.9]["val"] == pytest.approx([1 / 0.9, 1.1 / 0.9, 0.9 / 0.9]) and "test" not in t.records[0.9]
+    assert t.se(0.9) > 0
+    # a fold whose run diverged scores as the worst possible value
+    t = tune_lr(lambda lr: ([lr, math.inf], None), [0.1, 0.3], maximize=True, max_extra=0)
+    assert t.records[0.1]["val"] == [0.1, -1e30]
+    # (β, η) with fold scores and no test metric
+    outer, inner, beta = tune_beta_lr(lambda b, lr: ([(b - 0.9) ** 2 + lr, (b - 0.9) ** 2 + lr], None),
+                                      (0.8, 0.9, 0.95), [0.1, 0.3], maximize=False, max_extra=0)
+    assert beta == pytest.approx(0.9) and "test" not in outer.records[outer.value]

@@ -601,7 +601,9 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
                   batch_size: int | None = None, expected_batch_size: int | None = None,
                   neighbouring: Neighbouring = "add_remove", public_batch_size: int | None = None,
                   clip_public: bool = True, momentum: float = 0.0, accountant: AccountantName = "rdp",
-                  generator: torch.Generator | None = None) -> TrainResult:
+                  generator: torch.Generator | None = None,
+                  grad_sample_fn: Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]] | None = None
+                  ) -> TrainResult:
     """Train ``model`` in place with semi-DP SGD or one of its two baselines, at a target (ε, δ).
 
     Modes: ``semi_dp`` (Poisson private batches + public batches mixed with β), ``public_only`` (public SGD,
@@ -644,6 +646,10 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
         public_batch_size: public batch size (``None``: all public data).
         clip_public: clip public per-sample gradients to C.
         momentum, accountant, generator: passed to :class:`SemiDPSGD`; ``generator`` drives sampling and noise.
+        grad_sample_fn: ``grad_sample_fn(x, y)`` -> the per-sample gradients of the trainable parameters (in
+            ``model.parameters()`` order) at the model's current weights; default :func:`per_sample_grads` with
+            ``loss_fn``. A closed form (e.g. for a linear model) skips torch.func's per-call overhead; it must
+            equal the default (the privacy analysis only needs each record's gradient to be clipped).
     """
     where = "train_semi_dp"
     v.one_of(where, "mode", mode, ("semi_dp", "public_only", "dp_sgd_all"))
@@ -730,7 +736,8 @@ def train_semi_dp(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tenso
             xs.append(xp[idx])
             ys.append(yp[idx])
         # one vmap call for both batches; rows [0, k) are public in semi_dp / public_only
-        gs = per_sample_grads(model, loss_fn, torch.cat(xs), torch.cat(ys))
+        xb, yb = torch.cat(xs), torch.cat(ys)
+        gs = per_sample_grads(model, loss_fn, xb, yb) if grad_sample_fn is None else grad_sample_fn(xb, yb)
         pub = [g[:k] for g in gs] if k else None
         priv = [g[k:] for g in gs] if mode != "public_only" else None
         opt.step(private_grad_samples=priv, public_grad_samples=pub)
