@@ -129,3 +129,21 @@ def test_closed_form_linear_gradients_equal_torch_func_and_train_the_same():
         ws.append(mm.weight.detach().clone())
     torch.testing.assert_close(ws[0], ws[1])
     assert not torch.equal(ws[0], torch.nn.Linear(6, 4).weight)
+
+
+def test_train_semi_dp_calls_the_given_grad_sample_fn_once_per_step():
+    from icml24.dp_public import per_sample_grads
+    from icml24.dp_public.experiment import _ce
+    from icml24.dp_public.semi_dp import train_semi_dp
+
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(30, 4, generator=g), torch.randint(0, 3, (30,), generator=g)
+    m = torch.nn.Linear(4, 3)
+    seen: list[int] = []
+
+    def fn(xb, yb):
+        seen.append(len(xb))
+        return per_sample_grads(m, _ce, xb, yb)
+    train_semi_dp(m, _ce, mode="public_only", x_priv=x[10:], y_priv=y[10:], x_pub=x[:10], y_pub=y[:10],
+                  epsilon=1.0, delta=1e-5, steps=4, lr=0.1, public_batch_size=5, grad_sample_fn=fn)
+    assert seen == [5, 5, 5, 5]
