@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from icml24.common.nets import MLP
-from icml24.fed_auc.algorithm import OBJECTIVES, FederatedCompositionalAUC
+from icml24.fed_auc.algorithm import JACOBIANS, OBJECTIVES, FederatedCompositionalAUC
 from icml24.fed_auc.data import TASKS, BinaryTask, dirichlet_split, load_task
 
 
@@ -39,7 +39,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--beta", type=float, default=0.9)
     p.add_argument("--gamma", type=float, default=0.9)
     p.add_argument("--loss-version", choices=("v1", "v2"), default="v2")
-    p.add_argument("--jacobian", choices=("hvp", "identity"), default="hvp")
+    p.add_argument("--jacobian", choices=JACOBIANS, default="hvp")
+    p.add_argument("--eta0", type=float, default=None, help="η0 of the inner CE maps (default: --lr)")
+    p.add_argument("--clip-value", type=float, default=None, help="elementwise gradient clip (LibAUC: 1.0)")
+    p.add_argument("--epoch-decay", type=float, default=0.0, help="λ0 of the epoch-decay proximal term (LibAUC 2e-3)")
     p.add_argument("--hidden", type=str, default="64,64", help="MLP hidden widths, comma-separated")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -57,9 +60,12 @@ def build_problem(args: argparse.Namespace, num_clients: int,
     torch.manual_seed(args.seed)
     hidden = tuple(int(h) for h in args.hidden.split(",") if h.strip())
     net = MLP(in_features=task.x_train.shape[1], hidden=hidden, out_features=1).to(device)
-    algo = FederatedCompositionalAUC(net, objective=args.objective, levels=args.levels, eta0=args.lr, lr_x=args.lr,
+    eta0 = args.lr if getattr(args, "eta0", None) is None else args.eta0
+    algo = FederatedCompositionalAUC(net, objective=args.objective, levels=args.levels, eta0=eta0, lr_x=args.lr,
                                      lr_y=args.lr, beta=args.beta, gamma=args.gamma, local_steps=args.local_steps,
-                                     imratio=task.imratio, loss_version=args.loss_version, jacobian=args.jacobian)
+                                     imratio=task.imratio, loss_version=args.loss_version, jacobian=args.jacobian,
+                                     clip_value=getattr(args, "clip_value", None),
+                                     epoch_decay=getattr(args, "epoch_decay", 0.0))
     return algo, clients, task
 
 
