@@ -19,7 +19,10 @@ from icml24.private_density.experiment import (
     constant_control_check,
     constant_control_name,
     ratio_slopes,
+    cost_ceiling,
+    rho_for_cost,
     run,
+    scaled_cost_target,
     theory_slope,
     tune_kappa_priv,
 )
@@ -174,7 +177,8 @@ def test_scaled_rho_holds_the_privacy_cost_and_c1_is_recorded(quick):
     cfg = Config.quick()
     for c in res.extra["cells"]:
         sc = c["scaled"]
-        assert sc["closed_form_mise"] / c["closed_form_nonprivate_mise"] == pytest.approx(cfg.cost_target, rel=1e-6)
+        assert sc["closed_form_mise"] / c["closed_form_nonprivate_mise"] == pytest.approx(sc["cost_target"], rel=1e-6)
+        assert sc["cost_target"] <= cfg.cost_target
         assert cfg.cost_target / 3 < sc["measured_cost"] < 3 * cfg.cost_target
     rhos = [[c["scaled"]["rho"] for c in res.extra["cells"] if c["seed"] == 0 and c["d"] == d] for d in cfg.dims]
     assert all(r[0] > r[-1] for r in rhos)  # the budget shrinks as n grows at constant cost
@@ -323,3 +327,30 @@ def test_kappa_calibration_is_picked_by_tune_grid_on_the_held_out_density():
     # kappa only post-processes the same release: a value scored alone gets the score it has within the grid
     alone = calibrate_kappa_priv(cfg, kappa_grid=(2.0,))
     assert alone[2.0] == table[2.0]
+
+
+def test_a7_caps_the_scaled_cost_below_an_unreachable_ceiling():
+    """A7: a density whose cutoff-0 ceiling at the smallest n is below cost_target gets 0.9 x that ceiling (then
+    rho_for_cost reaches it at every n, the ceiling rising with n); otherwise the target is cost_target. Seed 13's
+    d = 2, beta = 0.5 density (ceiling 2.62 at n = 1e4) is capped; seed 0's (3.53) is not."""
+    cfg = Config()
+    for seed, capped in ((13, True), (0, False)):
+        dens = TrigDensity.sobolev(beta=0.5, dim=2, degree=cfg.degree(2), seed=10_000 * seed + 200,
+                                   decay_excess=cfg.decay_excess, scaling=cfg.scaling)
+        pieces = {N: expected_mise(dens, cutoff=N, n=1, privacy=ZCDP(1.0)) for N in range(cfg.max_cutoff(2) + 1)}
+        ceil = [cost_ceiling(pieces, n=n) for n in cfg.n_grid]
+        assert ceil == sorted(ceil)
+        target = scaled_cost_target(cfg, pieces)
+        if capped:
+            assert ceil[0] < cfg.cost_target and target == pytest.approx(cfg.cost_ceiling_fraction * ceil[0])
+            with pytest.raises(ValueError, match="not reachable"):
+                rho_for_cost(pieces, n=cfg.n_grid[0], cost=cfg.cost_target)
+        else:
+            assert ceil[0] > cfg.cost_target / cfg.cost_ceiling_fraction and target == cfg.cost_target
+        for n in cfg.n_grid:
+            rho = rho_for_cost(pieces, n=n, cost=target)
+            mp = [pieces[N]["bias2"] + pieces[N]["stat"] / n + pieces[N]["priv"] / (n * n * rho) for N in pieces]
+            mn = [pieces[N]["bias2"] + pieces[N]["stat"] / n for N in pieces]
+            assert min(mp) / min(mn) == pytest.approx(target, rel=1e-6)
+    with pytest.raises(ValueError, match="cost_ceiling_fraction"):
+        Config(cost_ceiling_fraction=1.0)
