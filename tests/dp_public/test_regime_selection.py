@@ -147,3 +147,79 @@ def test_train_semi_dp_calls_the_given_grad_sample_fn_once_per_step():
     train_semi_dp(m, _ce, mode="public_only", x_priv=x[10:], y_priv=y[10:], x_pub=x[:10], y_pub=y[:10],
                   epsilon=1.0, delta=1e-5, steps=4, lr=0.1, public_batch_size=5, grad_sample_fn=fn)
     assert seen == [5, 5, 5, 5]
+
+
+def test_every_e3_arm_is_selected_by_k_fold_cv_then_refit_on_all_public_points(monkeypatch):
+    """Amendment 6: k-fold CV inside the n_pub public points (no separate validation split), the fold's warm start
+    from the fold's own training points, the pick refit on all n_pub points (warm start: throw-away LS)."""
+    cfg = Config(**{**TINY_LIN, "lin_n_pubs": (30,), "lin_epsilons": (0.5,), "lin_folds": 3})
+    n_pub, n_priv = 30, cfg.lin_n - 30
+    seen: list[tuple[str, int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    orig = ex.train_semi_dp
+
+    def spy(model, loss, **kw):
+        seen.append((kw["mode"], len(kw["x_pub"]), model.weight.detach()[0].clone(), kw["x_pub"], kw["y_pub"]))
+        return orig(model, loss, **kw)
+    monkeypatch.setattr(ex, "train_semi_dp", spy)
+    out = run_linear(cfg, 2, n_pub)[0.5]
+    for arm in ex.LIN_TUNED:
+        t = out["tuned"][arm]
+        assert all(len(t.records[v]["val"]) == cfg.lin_folds for v in t.grid), arm  # one score per fold
+        assert out[arm] > 0
+    fold_train = n_pub - 10  # 3 folds of 10
+    n_cfg = {a: len(out["tuned"][a].grid) for a in ("dp_gd_all", "semi_dp_beta_eq", "non_private")}
+    sizes = {}
+    for mode, k, *_ in seen:
+        k = k - n_priv if k >= n_priv else k  # the reference's "public" rows carry the private data too
+        sizes.setdefault(mode, []).append(k)
+    assert set(sizes["dp_sgd_all"]) == {fold_train, n_pub}
+    assert sizes["dp_sgd_all"].count(n_pub) == 1 and sizes["dp_sgd_all"].count(fold_train) == 3 * n_cfg["dp_gd_all"]
+    ref = sizes["public_only"]
+    assert ref.count(n_pub) == 1 and ref.count(fold_train) == 3 * n_cfg["non_private"]
+    assert sizes["semi_dp"].count(n_pub) == 2  # the two semi-DP arms' refits; all else are folds
+    assert set(sizes["semi_dp"]) == {fold_train, n_pub}
+    # warm start = least squares on the public points the run trains with (never on its held-out fold)
+    for mode, _, w0, xq, yq in seen:
+        if mode == "public_only":  # the reference: drop the private rows in front
+            xq, yq = xq[n_priv:], yq[n_priv:]
+        torch.testing.assert_close(w0, torch.linalg.solve(xq.T @ xq, xq.T @ yq), rtol=1e-4, atol=1e-4)
+    # the held-out folds partition the public points and the validation score is the held-out fold's MSE
+    folds = ex.kfold(torch.arange(n_pub), cfg.lin_folds)
+    assert sorted(torch.cat(folds).tolist()) == list(range(n_pub))
+    assert ex.cv_scores(lambda rest, fold: len(set(rest.tolist()) & set(fold.tolist())) + 0.5 * len(rest),
+                        folds) == [10.0, 10.0, 10.0]
+
+
+def test_lin_folds_must_leave_more_public_points_than_dimensions():
+    with pytest.raises(ValueError, match="lin_folds"):
+        Config(lin_n_pubs=(55,), lin_folds=5)  # 44 points per fold <= p = 50
+    assert Config().lin_folds == 5
+
+
+def test_the_amendment_6_run_uses_fresh_seeds():
+    seeds = set(Config().seeds)
+    assert len(seeds) == 5 and not seeds & {0, 1, 2, 3, 4} and not seeds & {100, 101, 102}
+
+
+def test_e3_validation_score_is_the_held_out_folds_mse(monkeypatch):
+    cfg = Config(**{**TINY_LIN, "lin_n_pubs": (30,), "lin_epsilons": (0.5,), "lin_folds": 3})
+    runs: list[tuple[float, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    orig = ex.train_semi_dp
+
+    def spy(model, loss, **kw):
+        res = orig(model, loss, **kw)
+        if kw["mode"] == "dp_sgd_all":
+            runs.append((kw["lr"], model.weight.detach()[0].clone(), kw["x_pub"], kw["y_pub"]))
+        return res
+    monkeypatch.setattr(ex, "train_semi_dp", spy)
+    t = run_linear(cfg, 4, 30, arms=("dp_gd_all",))[0.5]["tuned"]["dp_gd_all"]
+    x_all, y_all = next((x, y) for _, _, x, y in runs if len(x) == 30)  # the refit sees every public point
+    expect: dict[float, list[float]] = {}
+    for lr, w, xq, _ in runs:
+        if len(xq) == 30:
+            continue
+        held = torch.tensor([not any(torch.equal(r, q) for q in xq) for r in x_all])
+        assert int(held.sum()) == 10  # the fold's 10 points, never trained on
+        expect.setdefault(lr, []).append(float(((x_all[held] @ w - y_all[held]) ** 2).mean()))
+    for v in t.grid:
+        assert t.records[v]["val"] == pytest.approx(expect[v], rel=1e-6)

@@ -9,7 +9,8 @@ Four experiments (paper notes §5), every arm on identical data and seeds:
 - E3 semi-DP linear regression (scaled-down official config): throw-away least squares on public data,
   DP-GD on all data (public treated as private), semi-DP GD at β = n_priv/n and with β tuned, and a non-private
   reference; n = n_pub + n_priv fixed (2500), n_pub ∈ {75, 150, 250}, ε ∈ {0.3, 0.5} (issue 29: the regime);
-  every arm selected on one public validation split.
+  every arm selected by 5-fold cross-validation inside the public training data, then refit on all of them
+  (amendment 6).
 - E4 semi-DP logistic regression on sklearn digits: public-only SGD, DP-SGD on all data, semi-DP SGD and a
   non-private reference, every arm selected by 5-fold cross-validation inside the public pool, then trained on
   the whole pool (issue 29).
@@ -66,7 +67,9 @@ LDP_ARMS = ("throw_away", "treat_as_private", "weighted", "weighted_oracle")
 
 @dataclass(frozen=True)
 class Config(ExperimentConfig):
-    seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=_h("random seeds (notes §5: 5 seeds)"))
+    seeds: tuple[int, ...] = field(default=(10, 11, 12, 13, 14), metadata=_h(
+        "random seeds (notes §5: 5 seeds); amendment 6: fresh seeds 10-14 (the first full run used 0-4, the "
+        "regime pilot 100-102)"))
     # ---- E1 central mean estimation (notes §5 E1)
     me_dim: int = field(default=50, metadata=_h("d, dimension (notes §5 E1)"))
     me_n: int = field(default=2000, metadata=_h("n = n_pub + n_priv (notes §5 E1)"))
@@ -105,8 +108,10 @@ class Config(ExperimentConfig):
     lin_epsilons: tuple[float, ...] = field(default=(0.3, 0.5), metadata=_h("grid of ε (issue 29)"))
     lin_steps: int = field(default=60, metadata=_h("full-batch DP-GD steps (official private_epochs=59)"))
     lin_noise: float = field(default=0.5, metadata=_h("label noise std (official data generator)"))
-    lin_n_val: int = field(default=25, metadata=_h("validation split drawn with the public pool (pool = n_pub + "
-                                                    "lin_n_val); every arm is tuned on it"))
+    lin_folds: int = field(default=5, metadata=_h(
+        "k of the k-fold cross-validation inside the n_pub public training points that selects every E3 arm, the "
+        "non-private reference included (amendment 6, as E4's dig_folds; replaces the 25-point validation split "
+        "lin_n_val); the pick is then trained on all n_pub public points"))
     lin_n_test: int = field(default=10000, metadata=_h("test samples (official: 10 000)"))
     lin_betas: tuple[float, ...] = field(default=(0.8, 0.95, 0.99, 0.995),
                                          metadata=_h("β grid for semi-DP besides β = n_priv/n (always added, a "
@@ -151,7 +156,7 @@ class Config(ExperimentConfig):
         super().__post_init__()
         w = "Config"
         for name in ("me_dim", "me_n", "me_trials", "ldp_n", "ldp_trials", "lin_dim", "lin_n", "lin_steps",
-                     "lin_n_val", "lin_n_test", "dig_steps", "dig_batch", "workers"):
+                     "lin_n_test", "dig_steps", "dig_batch", "workers"):
             val.integer(w, name, getattr(self, name), minimum=1)
         val.integer(w, "ldp_dim", self.ldp_dim, minimum=2)
         val.each(w, "me_n_pub", self.me_n_pub, val.integer, minimum=2, maximum=self.me_n - 1)
@@ -169,6 +174,12 @@ class Config(ExperimentConfig):
         val.in_range(w, "ldp_cos", self.ldp_cos, 0.0, 1.0, high_open=True)
         val.in_range(w, "crossover_ratio", self.crossover_ratio, 1.0, math.inf)
         val.each(w, "lin_n_pubs", self.lin_n_pubs, val.integer, minimum=self.lin_dim + 1, maximum=self.lin_n - 1)
+        val.integer(w, "lin_folds", self.lin_folds, minimum=2)
+        for k in self.lin_n_pubs:  # every fold's public least squares (its warm start) needs > p training points
+            if k - math.ceil(k / self.lin_folds) <= self.lin_dim:
+                raise ValueError(f"{w}: lin_folds={self.lin_folds} leaves {k - math.ceil(k / self.lin_folds)} "
+                                 f"public training points per fold at n_pub={k}; least squares needs > lin_dim="
+                                 f"{self.lin_dim}")
         if len(set(self.lin_n_pubs)) != len(self.lin_n_pubs) or len(set(self.lin_epsilons)) != len(self.lin_epsilons):
             raise ValueError(f"{w}: lin_n_pubs and lin_epsilons must not repeat a value, got {self.lin_n_pubs}, "
                              f"{self.lin_epsilons}")
@@ -337,6 +348,23 @@ def _lin_mse(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
     return float(((x @ w - y) ** 2).mean())
 
 
+def kfold(pool: torch.Tensor, k: int) -> list[torch.Tensor]:
+    """The ``k`` cross-validation folds of ``pool`` (indices): its strides ``pool[i::k]``, a partition (random when
+    ``pool`` is a random permutation or indexes i.i.d. draws). Shared by E3 and E4."""
+    return [pool[i::k] for i in range(k)]
+
+
+def cv_scores(score: Any, folds: list[torch.Tensor]) -> list[float]:
+    """k-fold cross-validation scores: ``score(train, held_out)`` for every fold i, with ``held_out`` = fold i and
+    ``train`` = the other folds (indices). Shared by E3 and E4: the scores are the replicate units of
+    :func:`tune_lr`."""
+    out = []
+    for i, fold in enumerate(folds):
+        rest = torch.cat([f for j, f in enumerate(folds) if j != i])
+        out.append(float(score(rest, fold)))
+    return out
+
+
 _DIVERGED = 1e30  # a validation score that is not finite (a diverged run) scores as the worst possible one
 
 
@@ -439,10 +467,13 @@ def run_linear(cfg: Config, seed: int, n_pub: int, *, arms: tuple[str, ...] = LI
     DP-GD on all data, semi-DP GD at β = n_priv / n, semi-DP GD with β tuned, and the non-private reference (the
     same clipped GD on all data without noise, for the regime sanity check; ε-independent, tuned once).
 
-    n = ``lin_n`` is fixed, n_priv = n − n_pub. The public pool holds ``n_pub + lin_n_val`` points: ``lin_n_val``
-    of them are the validation split on which every arm is tuned with the same number of configurations, the
-    other ``n_pub`` are the public training data. The data are drawn once per (seed, n_pub) and shared by every ε
-    and arm; each arm has its own noise generator. ``arms`` restricts the tuned arms (the regime pilot runs the
+    n = ``lin_n`` is fixed, n_priv = n − n_pub. Model selection (amendment 6, as E4): every arm, the reference
+    included, is tuned with the same number of configurations by ``lin_folds``-fold cross-validation inside the
+    ``n_pub`` public training points (fold i scores the arm trained with the public points minus fold i as its
+    public data, warm-started from their least squares; the private data are always all used; the score is the
+    held-out fold's MSE), then the picked configuration is trained on all ``n_pub`` public points (warm start: the
+    throw-away least squares) and tested. The data are drawn once per (seed, n_pub) and shared by every ε and
+    arm; each arm has its own noise generator. ``arms`` restricts the tuned arms (the regime pilot runs the
     baselines only); throw-away LS is always computed (it is every arm's warm start).
 
     Returns ``{ε: cell}`` with the test MSE of each arm run, its η/β, the tuning records and the Tuned objects.
@@ -459,67 +490,82 @@ def run_linear(cfg: Config, seed: int, n_pub: int, *, arms: tuple[str, ...] = LI
         x = torch.randn(m, p, generator=g_data, device=cfg.device)
         return x, x @ theta + cfg.lin_noise * torch.randn(m, generator=g_data, device=cfg.device)
 
-    x_pool, y_pool = draw(n_pub + cfg.lin_n_val)  # the public pool: validation split + public training data
-    x_val, y_val, x_pub, y_pub = x_pool[:cfg.lin_n_val], y_pool[:cfg.lin_n_val], x_pool[cfg.lin_n_val:], \
-        y_pool[cfg.lin_n_val:]
+    x_pub, y_pub = draw(n_pub)  # the public data: selection (k-fold) and training
     x_priv, y_priv = draw(n_priv)
     x_te, y_te = draw(cfg.lin_n_test)
-    w_ls = torch.linalg.solve(x_pub.T @ x_pub, x_pub.T @ y_pub)  # warm start = throw-away baseline
+    folds = kfold(torch.arange(n_pub, device=cfg.device), cfg.lin_folds)
+    every = torch.arange(n_pub, device=cfg.device)
+
+    def least_squares(idx: torch.Tensor) -> torch.Tensor:
+        xx, yy = x_pub[idx], y_pub[idx]
+        return torch.linalg.solve(xx.T @ xx, xx.T @ yy)
+
+    w_ls = least_squares(every)  # warm start = throw-away baseline
     beta_eq = n_priv / cfg.lin_n
     betas = linear_betas(cfg, n_pub)
     grid, one_knob = tuning_grids(betas, cfg.lin_lrs)
-    x_all, y_all = torch.cat([x_priv, x_pub]), torch.cat([y_priv, y_pub])
+
+    def train(mode: str, beta: float, eps: float, g: torch.Generator, lr: float, pub: torch.Tensor) -> torch.Tensor:
+        """The arm trained with the public points ``pub`` (indices), warm-started from their least squares."""
+        model = torch.nn.Linear(p, 1, bias=False).to(cfg.device)
+        with torch.no_grad():
+            model.weight.copy_((w_ls if len(pub) == n_pub else least_squares(pub))[None])
+        xq, yq = x_pub[pub], y_pub[pub]
+        if mode == "non_private":  # the same clipped full-batch GD on all data without noise (public_only on all)
+            xq, yq = torch.cat([x_priv, xq]), torch.cat([y_priv, yq])
+        # full batch under add/remove: the sum is divided by the data set's size declared by the design
+        # (n_priv, or n = n_priv + n_pub when the public rows join the noisy batch), public constants
+        declared = cfg.lin_n if mode == "dp_sgd_all" else n_priv
+        with warnings.catch_warnings():  # seeded on purpose: the experiment must be reproducible
+            warnings.simplefilter("ignore", ReproducibleNoiseWarning)
+            train_semi_dp(model, _sq_loss, mode="public_only" if mode == "non_private" else mode,  # type: ignore
+                          x_priv=x_priv, y_priv=y_priv, x_pub=xq, y_pub=yq, epsilon=eps, delta=cfg.delta,
+                          steps=cfg.lin_steps, lr=lr, beta=beta, max_grad_norm=cfg.clip_norm, batch_size=None,
+                          expected_batch_size=declared, public_batch_size=None, generator=g,
+                          grad_sample_fn=linear_sq_grads(model))
+        return model.weight.detach()[0]
 
     def fit(mode: str, beta: float, eps: float, g: torch.Generator) -> Any:
-        def go(lr: float) -> tuple[float, float]:
-            model = torch.nn.Linear(p, 1, bias=False).to(cfg.device)
-            with torch.no_grad():
-                model.weight.copy_(w_ls[None])
-            # non-private reference: the same clipped full-batch GD on all data without noise (public_only on all)
-            xq, yq = (x_all, y_all) if mode == "non_private" else (x_pub, y_pub)
-            # full batch under add/remove: the sum is divided by the data set's size declared by the design
-            # (n_priv, or n = n_priv + n_pub when the public rows join the noisy batch), public constants
-            declared = cfg.lin_n if mode == "dp_sgd_all" else n_priv
-            with warnings.catch_warnings():  # seeded on purpose: the experiment must be reproducible
-                warnings.simplefilter("ignore", ReproducibleNoiseWarning)
-                train_semi_dp(model, _sq_loss, mode="public_only" if mode == "non_private" else mode,  # type: ignore
-                              x_priv=x_priv, y_priv=y_priv, x_pub=xq, y_pub=yq, epsilon=eps, delta=cfg.delta,
-                              steps=cfg.lin_steps, lr=lr, beta=beta, max_grad_norm=cfg.clip_norm, batch_size=None,
-                              expected_batch_size=declared, public_batch_size=None, generator=g,
-                              grad_sample_fn=linear_sq_grads(model))
-            w = model.weight.detach()[0]
-            return _lin_mse(w, x_val, y_val), _lin_mse(w, x_te, y_te)
+        def go(lr: float) -> tuple[list[float], None]:  # one held-out MSE per fold; the pick is refit below
+            return cv_scores(lambda rest, fold: _lin_mse(train(mode, beta, eps, g, lr, rest), x_pub[fold],
+                                                         y_pub[fold]), folds), None
         return go
 
+    def test(mode: str, beta: float, eps: float, g: torch.Generator, lr: float) -> float:
+        return _lin_mse(train(mode, beta, eps, g, lr, every), x_te, y_te)
+
     kw = {"maximize": False, "max_extra": cfg.grid_extra}
-    t_np = None
+    t_np, np_test = None, None
     if "non_private" in arms:  # no noise: ε-independent, tuned once per (seed, n_pub)
-        t_np = tune_lr(fit("non_private", 0.0, cfg.lin_epsilons[0],
-                           _arm_generator(cfg, seed, n_pub, "non_private", None)), one_knob, **kw)
+        g = _arm_generator(cfg, seed, n_pub, "non_private", None)
+        t_np = tune_lr(fit("non_private", 0.0, cfg.lin_epsilons[0], g), one_knob, **kw)
+        np_test = test("non_private", 0.0, cfg.lin_epsilons[0], g, t_np.value)
     out: dict[float, dict[str, Any]] = {}
     for eps in cfg.lin_epsilons:
         tuned: dict[str, Tuned] = {}
         hp: dict[str, dict[str, float]] = {}
+        mse: dict[str, float] = {}
         t_beta = None
-        if "dp_gd_all" in arms:
-            tuned["dp_gd_all"] = tune_lr(fit("dp_sgd_all", 1.0, eps, _arm_generator(cfg, seed, n_pub, "dp_gd_all",
-                                                                                    eps)), one_knob, **kw)
-            hp["dp_gd_all"] = {"lr": tuned["dp_gd_all"].value, "beta": 1.0}
-        if "semi_dp_beta_eq" in arms:
-            tuned["semi_dp_beta_eq"] = tune_lr(fit("semi_dp", beta_eq, eps, _arm_generator(
-                cfg, seed, n_pub, "semi_dp_beta_eq", eps)), one_knob, **kw)
-            hp["semi_dp_beta_eq"] = {"lr": tuned["semi_dp_beta_eq"].value, "beta": beta_eq}
+        for arm, mode, b in (("dp_gd_all", "dp_sgd_all", 1.0), ("semi_dp_beta_eq", "semi_dp", beta_eq)):
+            if arm in arms:
+                g = _arm_generator(cfg, seed, n_pub, arm, eps)
+                tuned[arm] = tune_lr(fit(mode, b, eps, g), one_knob, **kw)
+                hp[arm] = {"lr": tuned[arm].value, "beta": b}
+                mse[arm] = test(mode, b, eps, g, tuned[arm].value)
         if "semi_dp" in arms:
             g = _arm_generator(cfg, seed, n_pub, "semi_dp", eps)
             t_beta, tuned["semi_dp"], b_semi = tune_beta_lr(lambda b, lr: fit("semi_dp", b, eps, g)(lr), betas,
                                                             list(cfg.lin_lrs), **kw)
             hp["semi_dp"] = {"lr": tuned["semi_dp"].value, "beta": b_semi}
+            mse["semi_dp"] = test("semi_dp", b_semi, eps, g, tuned["semi_dp"].value)
         if t_np is not None:
             tuned["non_private"] = t_np
             hp["non_private"] = {"lr": t_np.value, "beta": 0.0}
-        out[eps] = {"throw_away": _lin_mse(w_ls, x_te, y_te), **{a: t.at("test")[0] for a, t in tuned.items()},
+            mse["non_private"] = np_test  # type: ignore[assignment]
+        out[eps] = {"throw_away": _lin_mse(w_ls, x_te, y_te), **mse,
                     "hp": hp, "grid": {"beta": list(betas), "lr": list(cfg.lin_lrs), "one_knob_lr": one_knob},
                     "n_pub": n_pub, "n_priv": n_priv, "beta_eq": beta_eq, "budget": len(grid),
+                    "folds": cfg.lin_folds,
                     "tuning": {**{a: _tuned_summary(t) for a, t in tuned.items()},
                                **({"semi_dp_beta": _tuned_summary(t_beta, beta_scale=True)} if t_beta else {})},
                     "tuned": {**tuned, "semi_dp_beta": t_beta}}
@@ -549,7 +595,7 @@ def digits_split(cfg: Config, seed: int) -> dict[str, Any]:
                          f"{len(x)} points, too small for dig_folds={k} folds of >= 2 training points each")
     pool = perm[:n_pool]
     return {"x": x, "y": y, "x_te": split.x_test / 16.0, "y_te": split.y_test, "pool": pool, "priv": perm[n_pool:],
-            "folds": [pool[i::k] for i in range(k)], "n_classes": split.n_classes}
+            "folds": kfold(pool, k), "n_classes": split.n_classes}
 
 
 def run_digits(cfg: Config, seed: int, eps: float | None, *, arms: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -595,11 +641,7 @@ def run_digits(cfg: Config, seed: int, eps: float | None, *, arms: tuple[str, ..
 
     def cv(mode: str, e: float, b: float, g: torch.Generator) -> Any:
         def go(lr: float) -> tuple[list[float], None]:
-            scores = []
-            for i, fold in enumerate(folds):
-                rest = torch.cat([f for j, f in enumerate(folds) if j != i])
-                scores.append(acc(train(mode, e, b, lr, rest, g), x[fold], y[fold]))
-            return scores, None
+            return cv_scores(lambda rest, fold: acc(train(mode, e, b, lr, rest, g), x[fold], y[fold]), folds), None
         return go
 
     kw = {"maximize": True, "max_extra": cfg.grid_extra}
@@ -812,7 +854,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                 baseline_arm=e3_arm(base, k, e), direction="<=", threshold=0.0, log_ratio=True, kind="claim",
                 paper_value=pv,
                 detail="paired per-seed log(semi-DP tuned / baseline) against log 1; equal tuning budgets on the "
-                       "public validation split"))
+                       f"{cfg.lin_folds}-fold cross-validation inside the public training data"))
     for eps in cfg.dig_epsilons:
         base = max(("public_only", "dp_sgd_all"), key=lambda a: s[f"E4 {a} eps={eps:g}"]["acc"]["mean"])
         checks.append(rec.paired(name=e4_claim(eps), metric="acc",
@@ -892,7 +934,7 @@ def _sanity_checks(cfg: Config, rec: RunRecorder, lin_runs: list[dict[tuple[int,
                     metric="test_mse", method_arm=e3_arm(base, k, e), baseline_arm=e3_arm("non_private", k, e),
                     direction=">=", threshold=thr, log_ratio=True, kind="sanity", guards=both,
                     detail="paired per-seed log(test MSE arm / non-private clipped full-batch GD on all data, η tuned "
-                           "on the same validation split with the same budget)"), why))
+                           f"by the same {cfg.lin_folds}-fold cross-validation with the same budget)"), why))
             tuned = [lr[(k, e)]["tuned"] for lr in lin_runs]
             if tuned[0]["semi_dp_beta"] is not None:
                 out.append(tuning_check(
