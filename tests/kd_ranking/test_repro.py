@@ -164,7 +164,7 @@ def test_spearman_permutation_detects_a_negative_trend_and_not_noise():
 
 
 def test_student_same_seed_same_numbers():
-    cfg = Config.quick().replace(student_epochs=1, student_hidden=(8,))
+    cfg = Config.quick().replace(student_max_epochs=1, student_hidden=(8,))
     split = load_mnist1d(seed=0)
     t = torch.randn(len(split.y_train), 10)
     for loss in (None, KLDistillLoss(tau=4.0), RankingKDLoss()):
