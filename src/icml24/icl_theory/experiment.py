@@ -10,12 +10,17 @@ Three parts, all on generated data:
    (r(d−r)/2)·ln(MT), quadrature convergence.
 3. A small causal transformer trained on M ∈ {64, ..., 4096} sequences from one ψ, evaluated per position on fresh
    sequences beside the Bayes predictor given the same M sequences; a same-size network that sees no earlier (z, y)
-   pair is the negative control. Claim: the transformer's in-context excess over Bayes is smaller at M = 4096 than
-   at M = 64 (paired 95% t-interval over seeds); the control must fail the same check.
+   pair is the negative control. Mechanism (issue 28; a claim before it): the transformer's in-context excess over
+   Bayes is smaller at M = 4096 than at M = 64 (paired 95% t-interval over seeds); the control must fail the same
+   check. A theory paper: the run reads "no claim (mechanisms k/n)".
+
+The two Monte Carlo parts and every (seed, M, arm) training are independent, fully seeded jobs, run in
+``workers`` processes by ``common.parallel.run_jobs``: the numbers do not depend on ``workers``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from icml24.common.config import ExperimentConfig, help_text
+from icml24.common.parallel import run_jobs
 from icml24.common.plotting import new_figure, save_figure
 from icml24.common.progress import progress
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check
@@ -93,6 +99,9 @@ class Config(ExperimentConfig):
     icl_val: int = field(default=256, metadata=help_text(
         "fresh validation sequences from the seed's ψ, for checkpoint choice (ours; the same for every arm)"))
     icl_eval: int = field(default=2000, metadata=help_text("fresh test sequences from the seed's ψ (notes §5.3)"))
+    workers: int = field(default=2, metadata=help_text(
+        "processes running the independent, fully seeded jobs (the two Monte Carlo parts and each (seed, M, arm) "
+        "training) through common.parallel.run_jobs; the numbers do not depend on it (ours, for the CPU budget)"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -108,7 +117,7 @@ class Config(ExperimentConfig):
         if len(self.seeds) < 2:
             raise ValueError(f"seeds must hold >= 2 seeds (paired intervals), got {self.seeds!r}")
         for name in ("reps_total", "min_reps", "sub_reps", "sub_grid", "icl_d", "icl_T", "icl_steps", "icl_batch",
-                     "icl_width", "icl_depth", "icl_heads", "icl_eval_every", "icl_val", "icl_eval"):
+                     "icl_width", "icl_depth", "icl_heads", "icl_eval_every", "icl_val", "icl_eval", "workers"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
         if self.min_reps < 2 or self.sub_reps < 2:
@@ -129,7 +138,7 @@ class Config(ExperimentConfig):
     def quick(cls) -> Config:
         return cls(seeds=(0, 1, 2), d_grid=(4,), M_grid=(1, 4, 16), T_grid=(8, 32), reps_total=96, min_reps=8,
                    sub_cells=(4, 8, 16, 8, 16, 16), sub_reps=6, sub_grid=4000, icl_M=(64, 1024), icl_steps=150,
-                   icl_width=16, icl_eval_every=25, icl_val=64, icl_eval=256)
+                   icl_width=16, icl_eval_every=25, icl_val=64, icl_eval=256, workers=1)
 
 
 # ------------------------------------------------------------------------------------------------ part 1
@@ -282,7 +291,8 @@ def _part2(cfg: Config) -> tuple[list[ClaimCheck], dict]:
 
 
 # ------------------------------------------------------------------------------------------------ part 3
-def _part3_seed(cfg: Config, seed: int) -> dict[str, Any]:
+def _part3_data(cfg: Config, seed: int) -> tuple[HierarchicalLinearModel, np.ndarray, Any, Any, Any]:
+    """The seed's world: ψ, the pretraining sequences (nested: the first M for each M), validation and test."""
     seed_everything(seed)
     rng = numpy_generator(seed)
     world = HierarchicalLinearModel(d=cfg.icl_d, sigma_psi=cfg.icl_sigma_psi, sigma_theta=cfg.icl_sigma_theta,
@@ -292,26 +302,61 @@ def _part3_seed(cfg: Config, seed: int) -> dict[str, Any]:
     train = world.sample(M=max(cfg.icl_M), T=T, rng=rng, psi=psi)  # nested: the first M sequences for each M
     val = world.sample(M=cfg.icl_val, T=T, rng=rng, psi=psi)
     test = world.sample(M=cfg.icl_eval, T=T, rng=rng, psi=psi)
+    return world, psi, train, val, test
+
+
+def _part3_arms(cfg: Config) -> list[tuple[str, int]]:
+    """(arm, M) in curve order: the transformer at every M, the no-context control at the smallest and largest."""
+    return [(name, M) for M in cfg.icl_M
+            for name in ("icl", "noctx") if name == "icl" or M in (min(cfg.icl_M), max(cfg.icl_M))]
+
+
+def _part3_reference(cfg: Config, seed: int) -> dict[str, np.ndarray]:
+    """Per-position test NLL of the oracle-ψ predictor and of the Bayes predictor given the first M sequences."""
+    world, psi, train, _, test = _part3_data(cfg, seed)
     Zt, Yt = test.Z[0], test.Y[0]
     d = cfg.icl_d
     eye = np.eye(d)
     n = Zt.shape[0]
     oracle, _, _ = kalman_nll(np.repeat(psi[None], n, 0), np.broadcast_to(cfg.icl_sigma_theta ** 2 * eye, (n, d, d)),
                               Zt, Yt, cfg.icl_sigma)
-    out: dict[str, Any] = {"curves": {"oracle_psi": oracle.mean(0)}, "best_step": {}}
+    out = {"oracle_psi": oracle.mean(0)}
     for M in cfg.icl_M:
         mean, cov = psi_posterior(world, train.Z[:, :M], train.Y[:, :M])
         bayes, _, _ = kalman_nll(np.repeat(mean, n, 0), np.repeat(cov + cfg.icl_sigma_theta ** 2 * eye, n, 0), Zt, Yt,
                                  cfg.icl_sigma)
-        out["curves"][f"bayes_M{M}"] = bayes.mean(0)
-        arms = [("icl", True)] + ([("noctx", False)] if M in (min(cfg.icl_M), max(cfg.icl_M)) else [])
-        for name, ctx in arms:
-            res = train_icl(Z=train.Z[0, :M], Y=train.Y[0, :M], Z_val=val.Z[0], Y_val=val.Y[0], context=ctx,
-                            steps=cfg.icl_steps, batch_size=cfg.icl_batch, lr=cfg.icl_lr, eval_every=cfg.icl_eval_every,
-                            width=cfg.icl_width, depth=cfg.icl_depth, heads=cfg.icl_heads, seed=seed,
-                            device=cfg.device)
-            out["curves"][f"{name}_M{M}"] = per_position_nll(res.model, Z=Zt, Y=Yt, device=cfg.device)
-            out["best_step"][f"{name}_M{M}"] = res.best_step
+        out[f"bayes_M{M}"] = bayes.mean(0)
+    return out
+
+
+def _part3_arm(cfg: Config, seed: int, name: str, M: int) -> tuple[np.ndarray, int]:
+    """One training (fully seeded by ``seed``): per-position test NLL of the chosen checkpoint, and its step."""
+    _, _, train, val, test = _part3_data(cfg, seed)
+    res = train_icl(Z=train.Z[0, :M], Y=train.Y[0, :M], Z_val=val.Z[0], Y_val=val.Y[0], context=name == "icl",
+                    steps=cfg.icl_steps, batch_size=cfg.icl_batch, lr=cfg.icl_lr, eval_every=cfg.icl_eval_every,
+                    width=cfg.icl_width, depth=cfg.icl_depth, heads=cfg.icl_heads, seed=seed, device=cfg.device)
+    return per_position_nll(res.model, Z=test.Z[0], Y=test.Y[0], device=cfg.device), res.best_step
+
+
+def _job(cfg: Config, job: tuple) -> Any:
+    """One independent, fully seeded job (picklable through ``functools.partial`` for ``run_jobs``)."""
+    if job[0] == "part1":
+        return _part1(cfg)
+    if job[0] == "part2":
+        return _part2(cfg)
+    _, seed, name, M = job
+    return _part3_arm(cfg, seed, name, M)
+
+
+def _part3_seed(cfg: Config, seed: int, arms: dict[tuple[str, int], tuple[np.ndarray, int]]) -> dict[str, Any]:
+    """The seed's curves (reference curves, then each M's Bayes curve and arms) and best steps."""
+    ref = _part3_reference(cfg, seed)
+    out: dict[str, Any] = {"curves": {"oracle_psi": ref["oracle_psi"]}, "best_step": {}}
+    for M in cfg.icl_M:
+        out["curves"][f"bayes_M{M}"] = ref[f"bayes_M{M}"]
+        for name, M2 in _part3_arms(cfg):
+            if M2 == M:
+                out["curves"][f"{name}_M{M}"], out["best_step"][f"{name}_M{M}"] = arms[name, M]
     return out
 
 
@@ -327,15 +372,19 @@ def _curve_metrics(curve: np.ndarray, bayes: np.ndarray) -> dict[str, float]:
 def run(cfg: Config, out_dir: Path) -> RunResult:
     out_dir = Path(out_dir)
     rec = RunRecorder(SLUG, cfg, out_dir)
-    est = _part1(cfg)
+    arm_jobs = [("arm", seed, name, M) for seed in cfg.seeds for name, M in _part3_arms(cfg)]
+    done = run_jobs(functools.partial(_job, cfg), [("part1",), ("part2",)] + arm_jobs, workers=cfg.workers,
+                    threads=cfg.threads, desc=f"{SLUG} jobs")
+    est = done[0]
     checks1, extra1 = _part1_checks(cfg, est)
-    checks2, extra2 = _part2(cfg)
+    checks2, extra2 = done[1]
+    trained = {job[1:]: r for job, r in zip(arm_jobs, done[2:], strict=True)}
 
     lo, hi = min(cfg.icl_M), max(cfg.icl_M)
     curves: dict[int, dict[str, np.ndarray]] = {}
     best_steps = {}
-    for seed in progress(list(cfg.seeds), desc=f"{SLUG} transformer"):
-        r = _part3_seed(cfg, seed)
+    for seed in cfg.seeds:
+        r = _part3_seed(cfg, seed, {(name, M): trained[seed, name, M] for name, M in _part3_arms(cfg)})
         curves[seed], best_steps[seed] = r["curves"], r["best_step"]
         metrics: dict[str, dict[str, float]] = {}
         for key, c in r["curves"].items():
