@@ -1,5 +1,5 @@
-"""Quick reproduction of the IFFN experiment (one quick run shared by every check of this module), the 1-D ViT,
-the arms and the validation-only model selection."""
+"""Quick reproduction of the IFFN experiment (one quick run shared by every check of this module), the tokens task,
+the toy tier's FLOP-matched arm, the 1-D ViT, the arms and the validation-only model selection."""
 
 from __future__ import annotations
 
@@ -14,19 +14,28 @@ from torch import nn
 from icml24.common.data import Split
 from icml24.common.results import ClaimCheck, verdict
 from icml24.iffn import IFFN, AGeLU
+from icml24.iffn import count_flops
 from icml24.iffn.experiment import (
+    ALL_ARMS,
     ARMS,
+    TOY_ARMS,
     Config,
     ViT1D,
     build_vit,
     ffn_costs,
     parse_arm,
     run,
+    load_tokens,
+    token_scores,
+    token_teacher,
     toy_data,
+    toy_flops,
+    toy_matched_width,
     toy_model,
     train_toy,
     train_vit,
     tune_lr,
+    tune_toy_lr,
     tuning_guards,
 )
 from tests.shared_checker import check_results_file
@@ -51,16 +60,33 @@ def test_quick_checks_kinds_and_pairing(quick_result):
     result, _ = quick_result
     cfg = Config.quick()
     kinds = [c.kind for c in result.claim_checks]
-    assert kinds.count("claim") == 3 and kinds.count("sanity") == 2 + len(tuning_guards(cfg))
-    assert kinds.count("mechanism") == 2 + 2 * len(cfg.toy_targets)
-    expected = [(cfg.claim_method, cfg.claim_matched, 0.0), (cfg.claim_method, cfg.claim_full, -cfg.acc_margin),
-                (cfg.claim_agelu, cfg.claim_gelu, 0.0)]
-    for c, (m, b, thr) in zip(result.checks("claim"), expected, strict=True):
-        assert (c.method_arm, c.baseline_arm, c.threshold, c.direction) == (m, b, thr, ">=")
-        d = [r["metrics"][m]["acc"] - r["metrics"][b]["acc"] for r in result.per_seed]
+    assert kinds.count("claim") == 5 and kinds.count("sanity") == 4 + len(tuning_guards(cfg))
+    assert kinds.count("mechanism") == 4
+    lm = math.log(cfg.toy_margin)
+    expected = [("toy_iffn_half", "toy_ffn_full", lm, "<=", "log_mse"),
+                ("toy_iffn_half", "toy_ffn_matched", 0.0, "<=", "log_mse"),
+                (cfg.claim_method, cfg.claim_matched, 0.0, ">=", "acc"),
+                (cfg.claim_method, cfg.claim_full, -cfg.acc_margin, ">=", "acc"),
+                (cfg.claim_agelu, cfg.claim_gelu, 0.0, ">=", "acc")]
+    for c, (m, b, thr, direction, metric) in zip(result.checks("claim"), expected, strict=True):
+        assert (c.method_arm, c.baseline_arm, c.threshold, c.direction, c.metric) == (m, b, thr, direction, metric)
+        d = [r["metrics"][m][metric] - r["metrics"][b][metric] for r in result.per_seed]
         assert c.measured == pytest.approx(sum(d) / len(d)) and c.n == len(d)
-        assert c.ci_low <= c.measured <= c.ci_high and c.passed == (c.ci_low >= thr)
-    regime, control = result.checks("sanity")[:2]
+        assert c.ci_low <= c.measured <= c.ci_high
+        assert c.passed == (c.ci_low >= thr if direction == ">=" else c.ci_high <= thr)
+    # the toy metric is the per-seed mean over h of the log test MSE
+    for row in result.per_seed:
+        for a in TOY_ARMS:
+            logs = [math.log(row["metrics"][f"toy_h{h}_{a}"]["mse"]) for h in cfg.toy_hidden]
+            assert row["metrics"][f"toy_{a}"]["log_mse"] == pytest.approx(sum(logs) / len(logs))
+    toy_regime, toy_control, regime, control = result.checks("sanity")[:4]
+    assert (toy_regime.method_arm, toy_regime.baseline_arm, toy_regime.threshold, toy_regime.direction) == (
+        "toy_ffn_half", "toy_ffn_full", 0.0, ">=")
+    # the toy negative control is the toy non-inferiority test applied to FFN(h/2): it must put it above the margin
+    assert (toy_control.method_arm, toy_control.baseline_arm, toy_control.direction) == ("toy_ffn_half",
+                                                                                         "toy_ffn_full", ">=")
+    assert toy_control.threshold == pytest.approx(lm) and toy_control.passed == (toy_control.ci_low >= lm)
+    assert toy_regime.passed == (toy_regime.ci_low >= 0.0)
     assert (regime.method_arm, regime.baseline_arm, regime.threshold) == (cfg.claim_full, cfg.claim_reduced,
                                                                           cfg.regime_gap)
     # the negative control is the non-inferiority test applied to FFN r1: it must put FFN r1 below -margin
@@ -69,13 +95,17 @@ def test_quick_checks_kinds_and_pairing(quick_result):
 
 
 def test_quick_flop_mechanisms_hold_by_construction(quick_result):
-    result, _ = quick_result
+    result, out = quick_result
     s = result.summary
     f = {a: s[a]["ffn_kflops"]["mean"] for a in ("ffn_r4", "ffn_r2", "ffn_r1", "iffn_r1")}
     assert f["ffn_r4"] == pytest.approx(4 * f["ffn_r1"]) and f["ffn_r2"] == pytest.approx(2 * f["ffn_r1"])
     assert 1.0 < f["iffn_r1"] / f["ffn_r2"] <= 1.05  # fc1 + fc2(3C') = FFN r2, plus the small (1, k) conv
     mechs = [c for c in result.checks("mechanism") if "FLOPs" in c.name]
-    assert len(mechs) == 2 and all(c.passed for c in mechs)
+    assert len(mechs) == 3 and all(c.passed for c in mechs)
+    extra = json.loads((out / "results.json").read_text())["extra"]
+    for h in Config.quick().toy_hidden:  # the toy's FLOP-matched FFN costs what the IFFN costs, counted
+        fl = extra["toy_flops_per_sample"][f"h{h}"]
+        assert fl["ffn_matched"] == fl["iffn_half"] and fl["ffn_half"] < fl["iffn_half"] < fl["ffn_full"]
 
 
 def test_quick_model_selection_and_lr_record(quick_result):
@@ -95,7 +125,13 @@ def test_quick_model_selection_and_lr_record(quick_result):
         assert row0["val_acc"] == sweep[str(lr)] and row0["lr"] == lr  # the tuning run is seed 0's final run
         for row in result.per_seed:
             assert 1 <= row["metrics"][arm]["best_epoch"] <= cfg.epochs
-            assert row["metrics"][arm]["acc"] > 15.0  # above chance (10%) even in the 3-epoch quick run
+            assert row["metrics"][arm]["acc"] > 45.0  # above the largest class (~31%) even in the 3-epoch quick run
+    for h in cfg.toy_hidden:  # the toy lr is tuned per arm and h on the first seed's validation MSE
+        for a in TOY_ARMS:
+            t = extra["toy_tuning"][f"h{h}_{a}"]
+            assert t["declared"] == list(cfg.toy_lr_grid) and len(t["extensions"]) <= cfg.grid_extra
+            for row in result.per_seed:
+                assert row["metrics"][f"toy_h{h}_{a}"]["lr"] == t["picked"]
 
 
 def test_quick_run_writes_schema3_that_the_shared_checker_accepts(quick_result):
@@ -108,31 +144,46 @@ def test_quick_run_writes_schema3_that_the_shared_checker_accepts(quick_result):
 def test_quick_guards_name_exactly_their_claims(quick_result):
     result, _ = quick_result
     cfg = Config.quick()
-    matched, full, agelu = (c.name for c in result.checks("claim"))
-    regime, control, *tuning = result.checks("sanity")
+    toy_full, toy_matched, matched, full, agelu = (c.name for c in result.checks("claim"))
+    toy_regime, toy_control, regime, control, *tuning = result.checks("sanity")
+    assert toy_regime.guards == [toy_full, toy_matched] and toy_control.guards == [toy_full]
     assert regime.guards == [matched, full] and control.guards == [full]
-    assert regime.detail.startswith("the regime:") and control.detail.startswith("negative control:")
+    for c in (toy_regime, regime):
+        assert c.detail.startswith("the regime:")
+    for c in (toy_control, control):
+        assert c.detail.startswith("negative control:")
     guards = tuning_guards(cfg)
     assert {c.method_arm: c.guards for c in tuning} == guards
     assert guards[cfg.claim_gelu] == [agelu] and guards[cfg.claim_matched] == [matched]
     assert guards[cfg.claim_full] == [full] and guards[cfg.claim_reduced] == [matched, full]
     assert guards[cfg.claim_method] == [matched, full] and all(c.detail.startswith("tuning:") for c in tuning)
+    assert guards["toy_iffn_half"] == [toy_full, toy_matched] and guards["toy_ffn_full"] == [toy_full]
+    assert guards["toy_ffn_matched"] == [toy_matched] and guards["toy_ffn_half"] == [toy_full, toy_matched]
+    assert {c.n for c in tuning if c.method_arm.startswith("toy_")} == {len(cfg.toy_hidden)}  # one pick per h
     failed = {c.name for c in result.checks("sanity") if not c.passed}
     for c in result.checks("claim"):
         assert c.void_by == sorted(s.name for s in result.checks("sanity") if s.name in failed and c.name in s.guards)
-    # a failed regime check alone voids the two width claims and leaves the AGeLU claim to vote
+
     def sanity(c, ok):
         return ClaimCheck(name=c.name, metric=c.metric, measured=float(ok), threshold=1.0, direction=">=",
                           kind="sanity", guards=c.guards)
-    checks = [*result.checks("claim"), sanity(regime, False), sanity(control, True), *(sanity(c, True) for c in tuning)]
+
+    # a failed ViT regime check alone voids the two ViT width claims and leaves the other three to vote
+    checks = [*result.checks("claim"), sanity(toy_regime, True), sanity(toy_control, True), sanity(regime, False),
+              sanity(control, True), *(sanity(c, True) for c in tuning)]
     v = verdict(checks)
-    assert [c.void_by for c in checks[:3]] == [[regime.name], [regime.name], []]
-    assert v["claims_void"] == 2 and v["label"].startswith("inconclusive (1/3 testable)")
-    # a failed tuning check of the GeLU arm voids only the AGeLU claim
-    checks = [*result.checks("claim"), sanity(regime, True), sanity(control, True),
-              *(sanity(c, c.method_arm != cfg.claim_gelu) for c in tuning)]
+    assert [c.void_by for c in checks[:5]] == [[], [], [regime.name], [regime.name], []]
+    assert v["claims_void"] == 2
+    # a failed toy regime check voids the two toy claims only
+    checks = [*result.checks("claim"), sanity(toy_regime, False), sanity(toy_control, True), sanity(regime, True),
+              sanity(control, True), *(sanity(c, True) for c in tuning)]
     verdict(checks)
-    assert [bool(c.void_by) for c in checks[:3]] == [False, False, True]
+    assert [bool(c.void_by) for c in checks[:5]] == [True, True, False, False, False]
+    # a failed tuning check of the GeLU arm voids only the AGeLU claim; of the toy's matched FFN only its claim
+    checks = [*result.checks("claim"), *(sanity(c, True) for c in (toy_regime, toy_control, regime, control)),
+              *(sanity(c, c.method_arm not in (cfg.claim_gelu, "toy_ffn_matched")) for c in tuning)]
+    verdict(checks)
+    assert [bool(c.void_by) for c in checks[:5]] == [False, True, False, False, True]
 
 
 def test_tune_lr_extends_past_a_winning_edge_and_keeps_every_run(monkeypatch):
@@ -158,10 +209,25 @@ def test_tune_lr_extends_past_a_winning_edge_and_keeps_every_run(monkeypatch):
     assert t.extensions == [] and t.value == pytest.approx(1e-2) and not t.ok
 
 
-def test_quick_toy_direction(quick_result):
-    """Robust direction on the ridge toy (mean over 2 seeds, loose margin): IFFN(h/2) < FFN(h/2) MSE."""
+def test_tune_toy_lr_minimises_validation_mse_and_extends_past_a_winning_edge(monkeypatch):
+    import icml24.iffn.experiment as ex
+
+    def fake(arm, h, data, lr, cfg, seed):  # validation MSE is lowest at lr = 0.09, above the declared grid
+        v = 0.2 + (math.log10(lr) - math.log10(0.09)) ** 2
+        return {"val_mse": v, "mse": v + 0.01}
+
+    monkeypatch.setattr(ex, "_train_toy_arm", fake)
+    cfg = dataclasses.replace(Config.quick(), toy_lr_grid=(1e-3, 3e-3, 1e-2), grid_extra=2)
+    t = tune_toy_lr("ffn_full", 8, None, cfg, 0)
+    assert t.extensions == pytest.approx([1e-2 * 10 / 3, 1e-2 * (10 / 3) ** 2]) and not t.maximize
+    assert t.value == pytest.approx(1e-2 * (10 / 3) ** 2) and t.at("mse")[0] == pytest.approx(
+        t.at("val_mse")[0] + 0.01)
+
+
+def test_quick_toy_regime_direction(quick_result):
+    """Robust direction on the teacher toy (mean over 2 seeds, loose margin): halving a plain FFN costs MSE."""
     s = quick_result[0].summary
-    assert s["toy_ridge_h8_iffn_half"]["mse"]["mean"] < 0.95 * s["toy_ridge_h8_ffn_half"]["mse"]["mean"]
+    assert s["toy_h8_ffn_half"]["mse"]["mean"] > 1.1 * s["toy_h8_ffn_full"]["mse"]["mean"]
 
 
 def test_quick_run_records_the_spread_of_learned_shifts(quick_result):
@@ -180,10 +246,8 @@ def test_quick_run_records_the_spread_of_learned_shifts(quick_result):
 
 # ------------------------------------------------------------------------------- selection on validation
 def _tiny_split(seed: int = 0) -> Split:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(96, 40, generator=g)
-    y = (x[:, :20].sum(1) > 0).long() + 2 * (x[:, 20:].sum(1) > 0).long()
-    return Split(x[:64], y[:64], x[80:], y[80:], 10, x[64:80], y[64:80])
+    cfg = dataclasses.replace(Config.quick(), tok_n_train=64, tok_n_val=16, tok_n_test=16)
+    return load_tokens(cfg, seed)
 
 
 def test_train_vit_selects_the_epoch_on_validation_only():
@@ -195,7 +259,8 @@ def test_train_vit_selects_the_epoch_on_validation_only():
     assert a["best_epoch"] == best + 1 and a["acc"] == a["test_curve"][best] and a["val_acc"] == a["val_curve"][best]
     assert a["last_acc"] == a["test_curve"][-1]
     # other test labels change the reported test numbers but never the selected epoch
-    flipped = Split(split.x_train, split.y_train, split.x_test, (split.y_test + 1) % 10, 10, split.x_val, split.y_val)
+    flipped = Split(split.x_train, split.y_train, split.x_test, (split.y_test + 1) % split.n_classes,
+                    split.n_classes, split.x_val, split.y_val)
     torch.manual_seed(0)
     b = train_vit(build_vit("iffn_r1", cfg, "cpu"), flipped, lr=3e-3, cfg=cfg, seed=0)
     assert b["val_curve"] == a["val_curve"] and b["best_epoch"] == a["best_epoch"]
@@ -232,16 +297,84 @@ def test_vit1d_shapes_tokens_and_errors():
 
 
 def test_cls_pooling_leaves_a_one_block_conv_branch_dead_and_mean_pooling_does_not():
-    """Why the experiment pools by mean: with a cls head, one block's FFN only matters on the cls token, which
-    skips the depthwise conv, so the conv gets no gradient."""
+    """Why MNIST-1D pools by mean: with a cls head, one block's FFN only matters on the cls token, which skips the
+    depthwise conv, so the conv gets no gradient."""
     grads = {}
     for pool in ("cls", "mean"):
-        cfg = dataclasses.replace(Config(), depth=1, pool=pool)
+        cfg = dataclasses.replace(Config(), vit_task="mnist1d", patch_size=4, patch_stride=4, patch_circular=False,
+                                  depth=1, pool=pool)
         torch.manual_seed(0)
         vit = build_vit("iffn_r1", cfg, "cpu")
         vit(torch.randn(4, 40)).square().sum().backward()
         grads[pool] = vit.blocks[0].mlp.dwconv.weight.grad.abs().sum().item()
     assert grads["cls"] == 0.0 and grads["mean"] > 0
+
+
+def test_vit1d_circular_patches_and_token_head():
+    """Tokens task: patch t covers token t and its right neighbour (cyclic), and the head predicts every token."""
+    cfg = Config()
+    vit = build_vit("ffn_r1", cfg, "cpu")
+    p, L = cfg.tok_dim, cfg.tok_len
+    assert vit.num_patches == cfg.num_patches == L and vit.num_prefix_tokens == 0
+    x = torch.randn(3, cfg.series_length)
+    tok = x.reshape(3, L, p)
+    with torch.no_grad():
+        for t in (0, 5, L - 1):
+            ref = vit.patch_embed(torch.cat([tok[:, t], tok[:, (t + 1) % L]], -1)) + vit.pos_embed[0, t]
+            torch.testing.assert_close(vit.tokens(x)[:, t], ref)
+        out = vit(x)
+        torch.testing.assert_close(out, vit.head(vit.norm(vit.blocks(vit.tokens(x)))))
+    assert out.shape == (3, L, cfg.tok_classes)
+
+
+def test_tokens_task_labels_each_token_by_itself_and_its_right_neighbour():
+    cfg = dataclasses.replace(Config.quick(), tok_n_train=40, tok_n_val=8, tok_n_test=16)
+    w1, b1, w2, offset = token_teacher(cfg)
+    split = load_tokens(cfg, 3)
+    x = split.x_train.reshape(-1, cfg.tok_len, cfg.tok_dim)
+    assert split.y_train.shape == (40, cfg.tok_len) and split.x_train.shape == (40, cfg.series_length)
+    for i in range(3):  # slow reference: one token at a time, right neighbour cyclic, GeLU's even part
+        for t in range(cfg.tok_len):
+            u = torch.cat([x[i, t], x[i, (t + 1) % cfg.tok_len]]) @ w1 + b1
+            s = (torch.nn.functional.gelu(u) - u / 2) @ w2 - offset
+            assert split.y_train[i, t] == s.argmax()
+    u = torch.linspace(-4, 4, 81)
+    phi = torch.nn.functional.gelu(u) - u / 2
+    torch.testing.assert_close(phi, phi.flip(0))  # the teacher's activation is even: no linear part
+    # changing the right neighbour (token 3) changes token 2's scores; tokens 2 and 3 are the only ones touched
+    x2 = x.clone()
+    x2[:, 3] = torch.randn(x2[:, 3].shape, generator=torch.Generator().manual_seed(0))
+    s1, s2 = token_scores(x, (w1, b1, w2, offset)), token_scores(x2, (w1, b1, w2, offset))
+    moved = (s1 - s2).abs().amax((0, 2)) > 0
+    assert moved.tolist() == [t in (2, 3) for t in range(cfg.tok_len)]
+    # no class dominates; the test set is fixed by task_seed, the training data are drawn per seed
+    freq = torch.bincount(load_tokens(dataclasses.replace(cfg, tok_n_test=500), 0).y_test.flatten()) / (
+        500 * cfg.tok_len)
+    assert len(freq) == cfg.tok_classes and freq.max() < 0.45 and freq.min() > 0.1
+    other = load_tokens(cfg, 4)
+    assert torch.equal(other.x_test, split.x_test) and not torch.equal(other.x_train, split.x_train)
+    again = load_tokens(cfg, 3)
+    assert torch.equal(again.x_train, split.x_train) and torch.equal(again.y_val, split.y_val)
+    assert not torch.equal(load_tokens(dataclasses.replace(cfg, task_seed=1), 3).y_train, split.y_train)
+
+
+@pytest.mark.parametrize("h", [8, 16, 32, 64])
+def test_toy_flop_matched_ffn_costs_exactly_what_the_iffn_costs(h):
+    cfg = Config()
+    w = toy_matched_width(h, in_dim=cfg.toy_in_dim, out_dim=cfg.toy_out_dim, n_instances=cfg.n_instances)
+    assert w == 3 * h // 4  # d = o, n = 2: d·h/2 + 2·(h/2)·d = 2·w·d
+    x = torch.zeros(1, cfg.toy_in_dim)
+    flops = {a: count_flops(toy_model(a, h, cfg, "cpu"), x) for a in TOY_ARMS}
+    assert flops["ffn_matched"] == flops["iffn_half"] == toy_flops("iffn_half", h, cfg)
+    assert flops["ffn_full"] == 2 * flops["ffn_half"] == 2 * 2 * cfg.toy_in_dim * h
+    m = toy_model("ffn_matched", h, cfg, "cpu")
+    assert m.fc1.out_features == w and not isinstance(m, IFFN)
+    iffn = toy_model("iffn_half", h, cfg, "cpu")
+    assert isinstance(iffn, IFFN) and iffn.hidden == h // 2 and not iffn.spatial and iffn.n_instances == 2
+    # other shapes: w from the same FLOP equation, and an error when no integer width matches
+    with pytest.raises(ValueError, match="no integer FLOP-matched width"):
+        toy_matched_width(6, in_dim=16, out_dim=16, n_instances=2)
+    assert toy_matched_width(12, in_dim=8, out_dim=4, n_instances=3) == (8 * 6 + 3 * 6 * 4) // 12
 
 
 _EXPECTED = {  # kind -> (channel instances n, spatial, topology, learnable channel AGeLU, spatial act type)
@@ -250,7 +383,7 @@ _EXPECTED = {  # kind -> (channel instances n, spatial, topology, learnable chan
     "shifted_gelu": (2, True, "parallel", False, nn.GELU), "iffn_serial": (2, True, "serial", True, None)}
 
 
-@pytest.mark.parametrize("arm", ARMS)
+@pytest.mark.parametrize("arm", ALL_ARMS)
 def test_every_arm_builds_as_described_and_its_costs_match_the_counter(arm):
     cfg = Config()
     torch.manual_seed(0)
@@ -272,7 +405,7 @@ def test_every_arm_builds_as_described_and_its_costs_match_the_counter(arm):
     assert init_c == ([-cfg.agelu_shift, cfg.agelu_shift] if n == 2 else [0.0])
     assert ffn_costs(vit)["ffn_kflops"] * 1e3 == cfg.depth * mlp.flops(batch_size=1, num_tokens=n_tok)
     assert sum(p.numel() for p in mlp.parameters()) == mlp.num_params()
-    vit(torch.randn(2, 40)).sum().backward()
+    vit(torch.randn(2, cfg.series_length)).sum().backward()
     if spatial:
         assert vit.blocks[0].mlp.dwconv.weight.grad.abs().sum() > 0
 
@@ -285,19 +418,21 @@ def test_agelu_and_gelu_claim_arms_differ_only_in_learnable_activation_parameter
     gelu = build_vit(cfg.claim_gelu, cfg, "cpu")
     extra = {n for n, _ in agelu.named_parameters()} - {n for n, _ in gelu.named_parameters()}
     assert extra and all(n.split(".")[-2] in ("act", "spatial_act") for n in extra)
-    x = torch.randn(4, 40)
+    x = torch.randn(4, cfg.series_length)
     torch.testing.assert_close(agelu(x), gelu(x))  # AGeLU at its GeLU init computes the GeLU arm exactly
 
 
 def test_same_seed_same_numbers_toy():
     cfg = dataclasses.replace(Config.quick(), toy_steps=20)
-    a, b = toy_data("ridge", cfg, 3), toy_data("ridge", cfg, 3)
-    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    a, b = toy_data("teacher", cfg, 3), toy_data("teacher", cfg, 3)
+    assert len(a) == 6 and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert [len(t) for t in a[::2]] == [cfg.toy_n_train, cfg.toy_n_val, cfg.toy_n_test]
     mse = []
     for seed in (3, 3, 4):
         torch.manual_seed(seed)
-        mse.append(train_toy(toy_model("iffn_half", 8, cfg, "cpu"), toy_data("ridge", cfg, seed), cfg, seed))
-    assert mse[0] == mse[1] and mse[0] != mse[2]
+        mse.append(train_toy(toy_model("iffn_half", 8, cfg, "cpu"), toy_data("teacher", cfg, seed), cfg, seed,
+                             lr=3e-3))
+    assert mse[0] == mse[1] and mse[0] != mse[2] and set(mse[0]) == {"val_mse", "mse"}
 
 
 @pytest.mark.parametrize("change,match", [
@@ -306,7 +441,13 @@ def test_same_seed_same_numbers_toy():
     ({"claim_method": "iffn_r2"}, "claim_method"),
     ({"claim_gelu": "shifted_gelu_r1"}, "claim_gelu"),
     ({"toy_hidden": (7,)}, "toy_hidden"),
-    ({"toy_targets": ("bogus",)}, "toy_targets"),
+    ({"toy_hidden": (6,)}, "no integer FLOP-matched width"),
+    ({"toy_target": "bogus"}, "toy_target"),
+    ({"toy_margin": 0.9}, "toy_margin"),
+    ({"toy_lr_grid": (1e-2, 1e-3)}, "toy_lr_grid"),
+    ({"vit_task": "bogus"}, "vit_task"),
+    ({"vit_task": "mnist1d"}, "pool='token' goes with"),
+    ({"pool": "mean"}, "pool='token' goes with"),
     ({"kernel_size": 4}, "kernel_size must be odd"),
     ({"lr_grid": (3e-3, 1e-3)}, "strictly increasing"),
     ({"lr_grid": (0.0,)}, "lr_grid"),
@@ -314,7 +455,7 @@ def test_same_seed_same_numbers_toy():
     ({"grid_extra": -1}, "grid_extra"),
     ({"n_instances": 0}, "n_instances must be an int >= 1"),
     ({"num_heads": 3}, "divisible by num_heads"),
-    ({"patch_size": 41}, "patch_size"),
+    ({"patch_size": 65}, "patch_size"),
     ({"pool": "max"}, "pool"),
 ])
 def test_config_validation(change, match):
