@@ -209,3 +209,35 @@ def stbif(x: torch.Tensor, threshold: float, v: torch.Tensor, acc: torch.Tensor,
     live = fn(x.data_ptr(), threshold, v.data_ptr(), acc.data_ptr(), steps, nb, nrow, rl, x.stride(0), x.stride(1),
               s_row, lo, float(neg_min), float(pos_max), out.data_ptr(), counts.data_ptr())
     return out, counts, bool(live)
+
+
+#: freed heap memory (bytes) that glibc keeps mapped once :func:`keep_heap` ran (``mallopt(M_TOP_PAD)``); from
+#: ``$ICML24_SPIKEZIP_HEAP_PAD`` (``0``: leave the allocator alone)
+HEAP_PAD = int(os.environ.get("ICML24_SPIKEZIP_HEAP_PAD", str(64 << 20)))
+_M_TOP_PAD = -2  # glibc <malloc.h>
+_HEAP_DONE = False
+#: whether :func:`keep_heap` changed the allocator's setting
+heap_padded = False
+
+
+def keep_heap() -> bool:
+    """Let glibc keep up to :data:`HEAP_PAD` bytes of freed heap memory instead of returning it to the kernel.
+
+    A simulation allocates and frees tens of MB per chunk (each layer's multi-step outputs); with glibc's default
+    trimming, the freed top of the heap goes back to the kernel and every new chunk faults its pages in again
+    (~10^4 page faults per simulation of the benchmark's batch, ~20% of its CPU time, all of it system time).
+    ``mallopt(M_TOP_PAD, HEAP_PAD)`` keeps that memory mapped. It is process-wide and permanent (it also fixes
+    glibc's dynamic mmap threshold at its current value); it changes no result. Done once, on glibc only;
+    ``ICML24_SPIKEZIP_HEAP_PAD=0`` turns it off. Returns whether the setting is in place.
+    """
+    global _HEAP_DONE, heap_padded
+    if _HEAP_DONE:
+        return heap_padded
+    _HEAP_DONE = True
+    if HEAP_PAD <= 0 or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        heap_padded = bool(ctypes.CDLL(None).mallopt(_M_TOP_PAD, ctypes.c_int(min(HEAP_PAD, 2**31 - 1))))
+    except (OSError, AttributeError):  # pragma: no cover - no mallopt in this C library
+        heap_padded = False
+    return heap_padded

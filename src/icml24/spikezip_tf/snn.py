@@ -88,6 +88,18 @@ def _running_sum(prev: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _differences_(Y: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
+    """In place, ``Y[t] <- Y[t] - Y[t - 1]`` over dim 0 with ``Y[-1] := prev`` (nothing subtracted from ``Y[0]`` if
+    ``prev`` is None), the same subtractions as ``Y[1:] - Y[:-1]`` without a new tensor; returns the last row of the
+    original ``Y`` (a copy: the next call's ``prev``)."""
+    last = Y[-1].clone()
+    for t in range(Y.shape[0] - 1, 0, -1):  # backwards: Y[t - 1] is still the original when Y[t] uses it
+        Y[t].sub_(Y[t - 1])
+    if prev is not None:
+        Y[0].sub_(prev)
+    return last
+
+
 # spike counts per step that ST-BIF neurons attach to their outputs: id(output) -> (weakref(output), (T,) counts), so
 # that a layer fed directly by a neuron knows its input events without another pass over the spikes
 _SPIKE_EVENTS: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
@@ -412,13 +424,8 @@ class SpikeMatmul(_Stateful):
         B = _running_sum(self.B, _take(bt, idx))
         self.A, self.B = A[-1], B[-1]
         P = torch.matmul(A, B)  # batched over steps: each product is the very one the step-by-step path computes
-        D = torch.empty_like(P)
-        if self.P is None:
-            D[0] = P[0]
-        else:
-            torch.sub(P[0], self.P, out=D[0])
-        torch.sub(P[1:], P[:-1], out=D[1:])
-        self.P = P[-1]
+        self.P = _differences_(P, self.P)
+        D = P
         active = ((ea + eb) > 0).tolist()  # A, B unchanged at the other steps: exact zeros
         if len(idx) == self.steps:
             return _mark_active(D.reshape(shape), active)
@@ -450,15 +457,10 @@ class _Differencing(_Stateful):
         if not idx:  # X unchanged: f(X_t) - f(X_{t-1}) = 0 exactly
             return _mark_active(x.new_zeros(x.shape), active)
         X = _running_sum(self.X, _take(xt, idx))  # the running sum only changes at steps with input
-        self.X = X[-1]
+        self.X = X[-1].clone()  # (a copy: X itself can be freed and its memory reused)
         Y = self.fn(X.reshape(len(idx) * xt.shape[1], *xt.shape[2:])).reshape(X.shape)  # row-wise f, one call
-        D = torch.empty_like(Y)
-        if self.Y is None:
-            D[0] = Y[0]
-        else:
-            torch.sub(Y[0], self.Y, out=D[0])
-        torch.sub(Y[1:], Y[:-1], out=D[1:])
-        self.Y = Y[-1]
+        self.Y = _differences_(Y, self.Y)
+        D = Y
         if len(idx) == len(active):
             return _mark_active(D.reshape(x.shape), active)
         return _mark_active(_scatter_steps(D, idx, len(active)).reshape(x.shape), active)
@@ -1151,6 +1153,8 @@ def simulate(snn: SpikingModel, x: torch.Tensor, *, max_steps: int, until_quiesc
                             f"{type(snn.net).__name__} does not take (it takes {takes}); refusing rather than "
                             f"ignoring it")
     p = next(iter(snn.net.parameters()))
+    if p.device.type == "cpu":
+        _fused.keep_heap()  # no page faults for the per-chunk buffers (see _fused.keep_heap)
     x = x.to(p.device)
     if x.is_floating_point():
         x = x.to(p.dtype)
