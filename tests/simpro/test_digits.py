@@ -131,12 +131,13 @@ def test_config_rejects_bad_digits_fields():
 
 
 def test_the_digits_tier_runs_end_to_end_on_a_tiny_config(tmp_path):
-    cfg = Config.slow().replace(threads=1, seeds=(0, 1), digits_num_seeds=2, digits_distributions=("reversed",),
+    cfg = Config.slow().replace(threads=1, workers=1, seeds=(0, 1), digits_num_seeds=2,
+                                digits_distributions=("reversed",),
                                 digits_steps=20, threshold_grid=(0.7,), sup_lr_factors=(1.0,), updates_per_run=5)
     res = run(cfg, tmp_path)
     d = json.loads((tmp_path / "results.json").read_text())
     assert set(res.extra["best_baseline"]) == {"digits/reversed"}
-    assert {"supervised", "fixmatch", "fixmatch_la", "simpro", "simpro_no_em"} <= set(d["summary"])
+    assert {"supervised", "fixmatch", "fixmatch_la", "acr", "simpro", "simpro_no_em"} <= set(d["summary"])
     names = {c.name for c in res.claim_checks}
     assert "digits/reversed: SimPro beats the best baseline by >= 5 pts" in names
     assert any(n.startswith("digits/reversed: negative control") for n in names)

@@ -20,18 +20,21 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
 from icml24.common import validate as v
+from icml24.simpro.acr import ACRLoss, DualHeadNet
 from icml24.simpro.core import SimProLoss, kl_divergence
 
 __all__ = ["METHODS", "make_criterion", "train_ssl", "evaluate", "class_recall"]
 
-METHODS: tuple[str, ...] = ("supervised", "fixmatch", "fixmatch_la", "simpro", "simpro_no_em")
+METHODS: tuple[str, ...] = ("supervised", "fixmatch", "fixmatch_la", "acr", "simpro", "simpro_no_em")
 _OWNER = "train_ssl"
 Augment = Callable[..., torch.Tensor]
 
 
 def make_criterion(method: str, *, num_classes: int, labeled_counts: Sequence[int], tau: float = 1.0,
-                   threshold: float = 0.95, ema_u: float = 0.9, pi_estimate_on: str = "confident") -> SimProLoss:
-    """The criterion of one arm; all arms are :class:`SimProLoss` with different switches.
+                   threshold: float = 0.95, ema_u: float = 0.9, pi_estimate_on: str = "confident",
+                   acr_tau: float | None = None, acr_ema_u: float = 0.9, acr_est_start: int = 5
+                   ) -> SimProLoss | ACRLoss:
+    """The criterion of one arm; all arms but ACR are :class:`SimProLoss` with different switches.
 
     * ``supervised``: labeled CE only, no adjustment.
     * ``fixmatch``: hard pseudo-labels from softmax(f(A_w x)), no adjustment (τ = 0), priors never updated.
@@ -40,8 +43,15 @@ def make_criterion(method: str, *, num_classes: int, labeled_counts: Sequence[in
     * ``simpro``: soft Bayes pseudo-labels under π̂_u, losses adjusted by π̂, both estimated by the M-step.
     * ``simpro_no_em``: SimPro with the M-step switched off (π̂_u stays uniform, π̂ stays π_l): the negative
       control that isolates the prior estimation.
+    * ``acr``: :class:`~icml24.simpro.acr.ACRLoss` (two heads: train with ``dual_head(model)``), with
+      τ1 = τ12 = τ2 = ``acr_tau`` (default: ``tau``), its own per-step estimate of π_u (EMA ``acr_ema_u``) from
+      period ``acr_est_start`` on.
     """
     v.one_of(_OWNER, "method", method, METHODS)
+    if method == "acr":
+        at = tau if acr_tau is None else acr_tau
+        return ACRLoss(num_classes=num_classes, labeled_counts=labeled_counts, tau1=at, tau12=at, tau2=at,
+                       threshold=threshold, ema_u=acr_ema_u, est_start=acr_est_start)
     common = dict(num_classes=num_classes, labeled_counts=labeled_counts, threshold=threshold, ema_u=ema_u,
                   pi_estimate_on=pi_estimate_on)
     if method in ("supervised", "fixmatch"):
@@ -169,7 +179,7 @@ def _batches_per_pass(source: Any, name: str) -> int | None:
     return n
 
 
-def train_ssl(*, model: nn.Module, criterion: SimProLoss, x_l: torch.Tensor | None = None,
+def train_ssl(*, model: nn.Module, criterion: SimProLoss | ACRLoss, x_l: torch.Tensor | None = None,
               y_l: torch.Tensor | None = None, x_u: torch.Tensor | None = _MISSING,
               labeled: Iterable[Any] | None = None, unlabeled: Iterable[Any] | None = None, augment: Augment,
               steps: int, batch_size: int | None = None, mu: int | None = None, lr: float = 0.03,
@@ -187,7 +197,10 @@ def train_ssl(*, model: nn.Module, criterion: SimProLoss, x_l: torch.Tensor | No
 
     Args:
         model: any module mapping a batch of inputs to ``(N, K)`` logits.
-        criterion: the arm's :class:`SimProLoss` (see :func:`make_criterion`).
+        criterion: the arm's :class:`SimProLoss` or :class:`~icml24.simpro.acr.ACRLoss` (see
+            :func:`make_criterion`); with ACR the model must be a :class:`~icml24.simpro.acr.DualHeadNet`
+            (``dual_head(model)``), its labeled loss uses the weak view only (the strong labeled view is still
+            drawn, so every arm sees the same batches and views) and the EMA model predicts with the balanced head.
         x_l, y_l: labeled inputs and labels in ``[0, K)`` (or pass ``labeled``).
         x_u: unlabeled inputs; ``None`` trains on the labeled set only (the supervised arm). Required unless
             ``unlabeled`` is given.
@@ -216,8 +229,12 @@ def train_ssl(*, model: nn.Module, criterion: SimProLoss, x_l: torch.Tensor | No
     v.probability(_OWNER, "momentum", momentum, open_high=True)
     v.non_negative(_OWNER, "weight_decay", weight_decay)
     v.probability(_OWNER, "ema_decay", ema_decay, open_high=True)
-    if not isinstance(criterion, SimProLoss):
-        raise TypeError(f"{_OWNER}: criterion must be a SimProLoss, got {type(criterion).__name__}")
+    if not isinstance(criterion, (SimProLoss, ACRLoss)):
+        raise TypeError(f"{_OWNER}: criterion must be a SimProLoss or an ACRLoss, got {type(criterion).__name__}")
+    is_acr = isinstance(criterion, ACRLoss)
+    if is_acr and not isinstance(model, DualHeadNet):
+        raise TypeError(f"{_OWNER}: ACRLoss trains two heads: pass model=dual_head(model) (a DualHeadNet), got "
+                        f"{type(model).__name__}")
     k = criterion.num_classes
     # ---- which data source each side uses (tensors xor a loader), and which batch-size knobs apply
     if labeled is not None and (x_l is not None or y_l is not None):
@@ -259,6 +276,8 @@ def train_ssl(*, model: nn.Module, criterion: SimProLoss, x_l: torch.Tensor | No
             raise ValueError(f"{_OWNER}: the unlabeled set x_u is empty; pass x_u=None for supervised training")
     if unlabeled is not None:
         unlabeled = _check_source(unlabeled, "unlabeled")
+    if is_acr and x_u is None and unlabeled is None:
+        raise ValueError(f"{_OWNER}: ACRLoss needs unlabeled data (x_u or unlabeled=)")
     n_lab = len(x_l) // min(batch_size, len(x_l)) if labeled is None else _batches_per_pass(labeled, "labeled")
     n_unl = (len(x_u) // min(mu * batch_size, len(x_u)) if x_u is not None
              else _batches_per_pass(unlabeled, "unlabeled") if unlabeled is not None else 1)
@@ -298,9 +317,23 @@ def train_ssl(*, model: nn.Module, criterion: SimProLoss, x_l: torch.Tensor | No
             xu = unl.next()[0].to(dev)
             views += [augment(xu, strong=False, generator=gd)]
             views += [augment(xu, strong=True, generator=gd) for _ in range(strong_views)]
-        logits = model(torch.cat(views, 0))  # one forward: the BN batch mixes all views (official)
-        logits_l = [logits[:nb], logits[nb:2 * nb]]
-        if unl is not None:
+        if is_acr:
+            # ACR: the labeled weak view and the unlabeled views in one forward (official ``train.py``: the
+            # interleaved batch; one forward sees the same BN batch); the strong labeled view is drawn, not used
+            f, gb = model.forward_both(torch.cat([views[0], *views[2:]], 0))
+            fu, gu = f[nb:].chunk(1 + strong_views), gb[nb:].chunk(1 + strong_views)
+            loss = criterion(f_l=f[:nb], g_l=gb[:nb], y_l=yb, f_u_w=fu[0], g_u_w=gu[0], f_u_s=list(fu[1:]),
+                             g_u_s=list(gu[1:]))
+            with torch.no_grad():
+                p1 = torch.softmax((fu[0].float() - criterion.adj_1) / criterion.temperature, -1)
+                masks.append(float((p1.max(-1).values >= criterion.threshold).float().mean()))
+            logits_l = []
+        else:
+            logits = model(torch.cat(views, 0))  # one forward: the BN batch mixes all views (official)
+            logits_l = [logits[:nb], logits[nb:2 * nb]]
+        if is_acr:
+            pass
+        elif unl is not None:
             lu = logits[2 * nb:].chunk(1 + strong_views)
             q, mask = criterion.pseudo_label(lu[0])
             loss = criterion(logits_l=logits_l, y_l=yb, logits_u=list(lu[1:]), q=q, mask=mask,
@@ -317,7 +350,7 @@ def train_ssl(*, model: nn.Module, criterion: SimProLoss, x_l: torch.Tensor | No
             e = criterion.update_priors()
             if pi_u_true is not None and unl is not None:
                 kl_hist.append((step + 1, kl_divergence(pi_u_true, criterion.pi_u.cpu()),
-                                kl_divergence(pi_u_true, e.cpu())))
+                                kl_divergence(pi_u_true, e.cpu())))  # ACR: e is its current π̂_u
     ema.eval()
     return {"ema_model": ema, "kl_history": kl_hist, "mask_rate": float(np.mean(masks)) if masks else 0.0,
             "pi_u_hat": criterion.pi_u.detach().cpu().clone(), "pi_train_hat": criterion.pi_train.detach().cpu().clone()}
