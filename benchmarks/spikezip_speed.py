@@ -8,14 +8,18 @@ quiescence. Each arm is timed ``--repeats`` times in ``--rounds`` interleaved ro
 best CPU time (``time.process_time``) are reported (the machine is shared: wall time is noisy, CPU time less so).
 
 Rows: the QANN forward; our ``simulate`` (fused ST-BIF kernel, the default on CPU); the same with the kernel off
-(PyTorch loop, ``_fused.ENABLED = False``); our code before this change (``--baseline-src DIR``: another checkout's
-``src``, run in a subprocess with the same configuration); SpikingJelly's ``SpikeZIPTFQANNRecipe`` (multi-step) on
-the same QANN at equal T and at 2 T (its bias is spread over ``level`` steps, so at equal T it is not yet exact).
+(PyTorch loop, ``_fused.ENABLED = False``); earlier code (``--baseline-src DIR``, repeatable: another checkout's
+``src``, run in a subprocess with the same configuration); this code in a subprocess with the heap setting off
+(``ICML24_SPIKEZIP_HEAP_PAD=0``, see ``_fused.keep_heap``; a subprocess because the setting is process-wide);
+SpikingJelly's ``SpikeZIPTFQANNRecipe`` (multi-step) on the same QANN at equal T and at 2 T (its bias is spread
+over ``level`` steps, so at equal T it is not yet exact). Subprocess rows also report the system CPU time and the
+page faults per simulation.
 
 Asserted in the same run: max |SNN - QANN| <= 1e-12 (float64) for our simulation (kernel on and off, outputs
-bitwise identical) and for the baseline src; a violation exits non-zero.
+bitwise identical), for every baseline src and for the heap-off run (whose outputs must equal ours bit for bit); a
+violation exits non-zero.
 
-    python benchmarks/spikezip_speed.py [--baseline-src /path/to/old/src] [--repeats 5] [--rounds 2]
+    python benchmarks/spikezip_speed.py [--baseline-src /path/to/old/src ...] [--repeats 5] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import argparse
 import copy
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -80,9 +85,14 @@ def child(a: argparse.Namespace) -> None:
         ref = qann(x)
     snn = convert(qann)
     res = simulate(snn, x, max_steps=a.max_steps)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     wall, cpu = timed(lambda: simulate(snn, x, max_steps=a.max_steps), a.repeats)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    calls = a.repeats + 1
     torch.save(res.outputs, a.child_out)
-    print(json.dumps({"wall": wall, "cpu": cpu, "T": res.num_steps, "err": (res.logits - ref).abs().max().item()}))
+    print(json.dumps({"wall": wall, "cpu": cpu, "T": res.num_steps, "err": (res.logits - ref).abs().max().item(),
+                      "sys_ms": 1000 * (r1.ru_stime - r0.ru_stime) / calls,
+                      "faults": (r1.ru_minflt - r0.ru_minflt) / calls}))
 
 
 def spikingjelly_arm(qann: nn.Module, x: torch.Tensor, T: int):
@@ -124,7 +134,9 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=512, help="step cap; the simulation stops when quiet")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds over all arms (best of all)")
-    ap.add_argument("--baseline-src", default=None, help="another checkout's src/ (e.g. before this change)")
+    ap.add_argument("--baseline-src", action="append", default=[],
+                    help="another checkout's src/ (e.g. before this change); repeatable")
+    ap.add_argument("--no-heap-off", action="store_true", help="skip the subprocess row with the heap setting off")
     ap.add_argument("--no-spikingjelly", action="store_true")
     ap.add_argument("--json", default=None, help="also write the table as JSON here")
     ap.add_argument("--_child-out", dest="child_out", default=None, help=argparse.SUPPRESS)
@@ -176,41 +188,60 @@ def main() -> None:
             arms[name] = (partial(sj, steps), steps)
             errors[name] = (sj(steps).sum(0) - ref).abs().max().item()
     best = {k: [float("inf"), float("inf")] for k in arms}
-    base: dict | None = None
-    base_name = f"before (baseline src {a.baseline_src})"
+    here = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "src"))
+    subs = [(f"before (baseline src {src})", os.path.abspath(src), {}) for src in a.baseline_src]
+    if not a.no_heap_off:
+        subs.append(("  this code, heap setting off (subprocess)", here, {"ICML24_SPIKEZIP_HEAP_PAD": "0"}))
+    base: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as d, torch.no_grad():
         for _ in range(a.rounds):
-            if a.baseline_src:
+            for name, src, extra in subs:
                 out = os.path.join(d, "out.pt")
                 argv = [sys.executable, os.path.abspath(__file__), "--_child-out", out, "--batch", str(a.batch),
                         "--train-epochs", str(a.train_epochs), "--seed", str(a.seed), "--max-steps",
                         str(a.max_steps), "--repeats", str(a.repeats)]
-                env = dict(os.environ, PYTHONPATH=os.path.abspath(a.baseline_src))
+                env = dict(os.environ, PYTHONPATH=src, **extra)
                 r = json.loads(subprocess.run(argv, env=env, capture_output=True, text=True,
                                               check=True).stdout.strip().splitlines()[-1])
-                if base is None:
+                if name not in base:
                     old = torch.load(out)
-                    base = {**r, "identical": torch.equal(old, res.outputs)}
-                base["wall"], base["cpu"] = min(base["wall"], r["wall"]), min(base["cpu"], r["cpu"])
+                    base[name] = {**r, "identical": torch.equal(old, res.outputs)}
+                b = base[name]
+                b["wall"], b["cpu"] = min(b["wall"], r["wall"]), min(b["cpu"], r["cpu"])
+                b["sys_ms"], b["faults"] = min(b["sys_ms"], r["sys_ms"]), min(b["faults"], r["faults"])
             for k, (fn, _) in arms.items():
                 w, c = timed(fn, a.repeats)
                 best[k] = [min(best[k][0], w), min(best[k][1], c)]
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        for _ in range(a.repeats):
+            simulate(snn, x, max_steps=a.max_steps)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+    own_sys = (1000 * (r1.ru_stime - r0.ru_stime) / a.repeats, (r1.ru_minflt - r0.ru_minflt) / a.repeats)
     rows = []
     q_cpu = n / best["QANN forward"][1]
     for k, (_, steps) in arms.items():
         rows.append((k, steps, n / best[k][0], n / best[k][1], errors[k]))
-    if base is not None:
-        rows.insert(1, (base_name, base["T"], n / base["wall"], n / base["cpu"], base["err"]))
-        if not base["err"] <= TOL:
-            failures.append(f"baseline max |SNN - QANN| = {base['err']:.3g} > {TOL}")
+    for i, (name, _, _) in enumerate(subs):
+        b = base[name]
+        rows.insert(1 + i, (name, b["T"], n / b["wall"], n / b["cpu"], b["err"]))
+        if not b["err"] <= TOL:
+            failures.append(f"{name}: max |SNN - QANN| = {b['err']:.3g} > {TOL}")
+        if "heap" in name and not b["identical"]:
+            failures.append("the heap-off run's outputs differ from ours")
     print("\n| path | T | img/s (wall) | img/s (CPU) | QANN / path (CPU) | max abs(SNN - QANN) |")
     print("|---|---|---|---|---|---|")
     for k, steps, w, c, e in rows:
         print(f"| {k} | {steps} | {w:,.1f} | {c:,.1f} | {q_cpu / c:.1f}x | {e:.2g} |")
     after = n / best["SpikeZIP-TF simulate (this code)"][0], n / best["SpikeZIP-TF simulate (this code)"][1]
-    if base is not None:
-        print(f"\nspeed-up after / before: {after[0] * base['wall'] / n:.2f}x wall, {after[1] * base['cpu'] / n:.2f}x CPU; "
-              f"outputs identical to the baseline src: {base['identical']}")
+    print()
+    for name, _, _ in subs:
+        b = base[name]
+        what = "outputs identical to it" if "heap" in name else "outputs identical to the baseline src"
+        print(f"this code / {name.strip()}: {after[0] * b['wall'] / n:.2f}x wall, {after[1] * b['cpu'] / n:.2f}x CPU; "
+              f"{what}: {b['identical']}; its system CPU {b['sys_ms']:.1f} ms and {b['faults']:.0f} page faults "
+              f"per simulation")
+    print(f"this code (in this process): system CPU {own_sys[0]:.1f} ms and {own_sys[1]:.0f} page faults per "
+          f"simulation; heap setting in place: {_fused.heap_padded}")
     if sj is not None:
         k = f"SpikingJelly SpikeZIPTFQANNRecipe, T = {T}"
         print(f"this code / SpikingJelly at equal T = {T}: {after[0] * best[k][0] / n:.2f}x wall, "
@@ -219,7 +250,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"T": T, "rows": [dict(zip(("path", "T", "img_s_wall", "img_s_cpu", "max_err"), r, strict=True))
-                                        for r in rows], "baseline": base, "failures": failures}, f, indent=2)
+                                        for r in rows], "subprocess_rows": base, "own_system_ms_faults": own_sys,
+                   "heap_padded": _fused.heap_padded, "failures": failures}, f, indent=2)
     if failures:
         sys.exit("FAILED: " + "; ".join(failures))
 
