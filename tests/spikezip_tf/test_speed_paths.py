@@ -118,7 +118,8 @@ _CHILD = r"""
 import json
 from icml24.spikezip_tf import _fused
 from tests.spikezip_tf.test_speed_paths import _heap_case
-print(json.dumps({"padded": _fused.heap_padded, "pad": _fused.HEAP_PAD, "outputs": _heap_case()}))
+outputs = _heap_case()  # (simulate runs keep_heap first)
+print(json.dumps({"padded": _fused.heap_padded, "pad": _fused.HEAP_PAD, "outputs": outputs}))
 """
 
 
@@ -131,17 +132,35 @@ def _heap_case() -> str:
     return hashlib.sha256(res.outputs.numpy().tobytes()).hexdigest()
 
 
+def _glibc() -> bool:
+    return sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+
+
+def test_simulate_applies_the_heap_setting_once(monkeypatch):
+    pad = _fused.HEAP_PAD
+    try:
+        monkeypatch.setattr(_fused, "_HEAP_DONE", False)
+        monkeypatch.setattr(_fused, "heap_padded", False)
+        monkeypatch.setattr(_fused, "HEAP_PAD", 0)
+        assert _fused.keep_heap() is False and _fused.heap_padded is False  # 0: the allocator is left alone
+        monkeypatch.setattr(_fused, "_HEAP_DONE", False)
+        monkeypatch.setattr(_fused, "HEAP_PAD", 1 << 20)
+        snn, x = _vit(F64)
+        simulate(snn, x, max_steps=4)  # simulate applies it
+        assert _fused._HEAP_DONE and _fused.heap_padded is _glibc()
+        assert _fused.keep_heap() is _fused.heap_padded  # once: the same answer afterwards
+    finally:  # back to this process's setting
+        monkeypatch.setattr(_fused, "_HEAP_DONE", False)
+        monkeypatch.setattr(_fused, "HEAP_PAD", pad)
+        _fused.keep_heap()
+
+
 def test_heap_setting_changes_no_result_and_can_be_turned_off():
-    here = _heap_case()  # this process: keep_heap ran (on glibc it pads)
-    first = _fused.keep_heap()
-    assert _fused.keep_heap() is first  # done once; the same answer afterwards
-    if sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc") and \
-            _fused.HEAP_PAD > 0:
-        assert first is True
+    here = _heap_case()  # this process: simulate ran keep_heap (on glibc it pads)
     env = dict(os.environ, ICML24_SPIKEZIP_HEAP_PAD="0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=root, capture_output=True, text=True,
                          check=True)
     run = json.loads(out.stdout.strip().splitlines()[-1])
-    assert run["pad"] == 0 and run["padded"] is False  # turned off: the allocator is left alone
+    assert run["pad"] == 0 and run["padded"] is False  # turned off from the environment
     assert run["outputs"] == here  # bit-identical outputs either way
