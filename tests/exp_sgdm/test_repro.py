@@ -70,7 +70,7 @@ def test_checks_are_labelled_and_the_claim_is_paired(quick):
     regime, convergence, the two tuning checks and the claim's negative control are sanity checks."""
     res, _ = quick
     kinds = [c.kind for c in res.claim_checks]
-    assert kinds.count("claim") == 1 and kinds.count("mechanism") == 5 and kinds.count("sanity") == 5
+    assert kinds.count("claim") == 1 and kinds.count("mechanism") == 6 and kinds.count("sanity") == 5
     (c,) = res.checks("claim")
     margin = Config.quick().margin_points
     d = [r["metrics"]["exp_sgdm"]["test_acc"] - r["metrics"]["sgdm"]["test_acc"] for r in res.per_seed]
@@ -102,7 +102,7 @@ def test_guards_name_the_claim_and_a_failed_guard_voids_it(quick):
         failed = ClaimCheck(name=s.name, metric=s.metric, kind="sanity", guards=s.guards, measured=float("nan"),
                             threshold=0.0, direction=">=")
         v = verdict([failed if c is s else copy.deepcopy(c) for c in res.claim_checks])
-        assert v["label"] == "inconclusive (0/1 testable)" and v["claims_void"] == 1 and v["mechanisms_total"] == 5
+        assert v["label"] == "inconclusive (0/1 testable)" and v["claims_void"] == 1 and v["mechanisms_total"] == 6
     # a failed identity control (a mechanism) voids nothing
     checks = [copy.deepcopy(c) for c in res.claim_checks]
     for i, c in enumerate(checks):
@@ -171,6 +171,36 @@ def test_largest_stable_eta_is_reported_per_arm_with_its_interval(quick):
     d = r["difference_exp_sgdm_minus_sgdm"]
     assert d["mean"] == -4.5 and d["ci_high"] < 0
     assert r["log2_ratio_exp_sgdm_vs_sgdm"]["mean"] == pytest.approx((-2 - 1 - 1 - 2) / 4)
+
+
+def test_the_stable_eta_gap_is_a_mechanism_with_its_interval_that_never_votes(quick):
+    """Issue 31: the narrower stable η range under random scaling is shown beside the verdict with its CI (the
+    paired log2 ratio on the declared grid, threshold from the Config); flipping it changes no claim."""
+    res, _ = quick
+    cfg = Config.quick()
+    (c,) = [c for c in res.claim_checks if c.metric == "max_stable_lr"]
+    rep = res.extra["largest_stable_lr"]
+    lg = rep["log2_ratio_exp_sgdm_vs_sgdm"]
+    assert c.kind == "mechanism" and c.guards == [] and c.direction == "<="
+    assert c.threshold == cfg.stable_lr_log2_threshold == 0.0
+    assert (c.measured, c.ci_low, c.ci_high, c.n) == (lg["mean"], lg["ci_low"], lg["ci_high"], len(cfg.seeds))
+    assert c.passed == (c.ci_high <= c.threshold)
+    # the per-seed metric (mean ± std in the report's tables) is the same per-seed value on the declared grid
+    for i, row in enumerate(res.per_seed):
+        for arm in ("sgdm", "exp_sgdm"):
+            assert row["metrics"][arm]["max_stable_lr"] == rep["per_seed"][arm][i]
+    logs = [math.log2(e if e > 0 else cfg.lr_grid[0] / 2) - math.log2(b if b > 0 else cfg.lr_grid[0] / 2)
+            for e, b in zip(rep["per_seed"]["exp_sgdm"], rep["per_seed"]["sgdm"], strict=True)]
+    assert c.measured == pytest.approx(sum(logs) / len(logs))
+    for arm in ("sgdm", "exp_sgdm"):  # each arm's mean with its interval is in the check's detail
+        assert f"{arm} {rep[arm]['mean']:.3g} [" in c.detail
+    flipped = [ClaimCheck(name=x.name, metric=x.metric, kind="mechanism", measured=1.0, threshold=0.0,
+                          direction="<=") if x is c else copy.deepcopy(x) for x in res.claim_checks]
+    v0, v1 = verdict([copy.deepcopy(x) for x in res.claim_checks]), verdict(flipped)
+    assert {k: v for k, v in v0.items() if k != "mechanisms_held"} == \
+        {k: v for k, v in v1.items() if k != "mechanisms_held"}
+    with pytest.raises(ValueError, match="stable_lr_log2_threshold"):
+        Config.quick().replace(stable_lr_log2_threshold=float("nan"))
 
 
 def test_identity_p_value_is_a_chi_square_over_the_points():
