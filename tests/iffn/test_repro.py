@@ -467,3 +467,14 @@ def test_cli_override_types():
     cfg = Config().with_overrides({"vit_arms": "ffn_r4,iffn_r1,ffn_r1,ffn_r2,iffn_n1_r1,dwconv_gelu_r1",
                                    "lr_grid": "0.001,0.01", "epochs": "3"})
     assert cfg.vit_arms[:3] == ("ffn_r4", "iffn_r1", "ffn_r1") and cfg.lr_grid == (0.001, 0.01) and cfg.epochs == 3
+
+
+@pytest.mark.slow
+def test_the_numbers_do_not_depend_on_the_process_count(tmp_path):
+    """The jobs seed themselves, so 2 processes give the numbers of 1 (slow: two quick runs)."""
+    rows = []
+    for workers in (1, 2):
+        r = run(dataclasses.replace(Config.quick(), workers=workers), tmp_path / f"w{workers}")
+        rows.append([{a: {k: v for k, v in m.items() if k != "train_s"} for a, m in row["metrics"].items()}
+                     for row in r.per_seed])
+    assert rows[0] == rows[1]
