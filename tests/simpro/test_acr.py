@@ -12,31 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from icml24.common.nets import ConvNet1D
-from icml24.simpro import GaussianMixtureTier, make_criterion, train_ssl
+from icml24.simpro import make_criterion, train_ssl
 from icml24.simpro.acr import ACRLoss, DualHeadNet, dual_head, symmetric_kl
-
-K, D = 4, 5
-COUNTS = [12, 6, 3, 2]
-
-
-def _data(seed: int = 0):
-    tier = GaussianMixtureTier(num_classes=K, dim=D, mean_scale=2.0, data_seed=seed)
-    g = torch.Generator().manual_seed(seed)
-    xl, yl = tier.sample(COUNTS, generator=g)
-    xu, _ = tier.sample([3, 6, 12, 24], generator=g)
-    return xl, yl, xu
-
-
-class _Recorder:
-    """An augmentation that records every view it makes (the reference replays them)."""
-
-    def __init__(self) -> None:
-        self.views: list[torch.Tensor] = []
-
-    def __call__(self, x, *, strong, generator):
-        out = x + (0.5 if strong else 0.1) * torch.randn(x.shape, generator=generator)
-        self.views.append(out.clone())
-        return out
+from tests.simpro.official_setup import COUNTS, D, K, Recorder, toy_data
 
 
 def _official_acr(model0: DualHeadNet, views: list[torch.Tensor], ys: list[torch.Tensor], *, epochs: int,
@@ -145,7 +123,7 @@ def _official_acr(model0: DualHeadNet, views: list[torch.Tensor], ys: list[torch
 def test_acr_equals_a_line_by_line_port_of_the_official_loop(threshold):
     """4 periods of 6 steps; the estimate starts after period 1, so τ̂ is refreshed twice (once from an empty
     period, as the official code does); weights, EMA weights, π̂_u and the τ̂ sequence agree."""
-    xl, yl, xu = _data()
+    xl, yl, xu = toy_data()
     epochs, period, est = 4, 6, 1
     steps = epochs * period
     torch.manual_seed(0)
@@ -153,7 +131,7 @@ def test_acr_equals_a_line_by_line_port_of_the_official_loop(threshold):
     model0 = copy.deepcopy(model)
     crit = ACRLoss(num_classes=K, labeled_counts=COUNTS, tau1=2.0, tau12=1.5, tau2=1.0, threshold=threshold,
                    ema_u=0.9, est_start=est, official_index_put=True)
-    rec = _Recorder()
+    rec = Recorder()
     taus: list[float] = []
 
     orig = crit.update_priors
@@ -260,13 +238,13 @@ def test_dual_head_shares_the_backbone_and_predicts_with_the_balanced_head():
 
 
 def test_acr_arm_trains_deterministically_and_errors():
-    xl, yl, xu = _data(1)
+    xl, yl, xu = toy_data(1)
 
     def go():
         torch.manual_seed(0)
         m = dual_head(nn.Linear(D, K))
         crit = make_criterion("acr", num_classes=K, labeled_counts=COUNTS, threshold=0.7, acr_est_start=0)
-        return train_ssl(model=m, criterion=crit, x_l=xl, y_l=yl, x_u=xu, augment=_Recorder(), steps=20,
+        return train_ssl(model=m, criterion=crit, x_l=xl, y_l=yl, x_u=xu, augment=Recorder(), steps=20,
                          batch_size=4, mu=2, lr=0.1, update_period=5, seed=1,
                          pi_u_true=torch.tensor([3, 6, 12, 24.0]) / 45)
 
@@ -275,9 +253,9 @@ def test_acr_arm_trains_deterministically_and_errors():
     torch.testing.assert_close(a["pi_u_hat"], b["pi_u_hat"])
     crit = make_criterion("acr", num_classes=K, labeled_counts=COUNTS)
     with pytest.raises(TypeError, match="dual_head"):
-        train_ssl(model=nn.Linear(D, K), criterion=crit, x_l=xl, y_l=yl, x_u=xu, augment=_Recorder(), steps=2)
+        train_ssl(model=nn.Linear(D, K), criterion=crit, x_l=xl, y_l=yl, x_u=xu, augment=Recorder(), steps=2)
     with pytest.raises(ValueError, match="needs unlabeled"):
-        train_ssl(model=dual_head(nn.Linear(D, K)), criterion=crit, x_l=xl, y_l=yl, x_u=None, augment=_Recorder(),
+        train_ssl(model=dual_head(nn.Linear(D, K)), criterion=crit, x_l=xl, y_l=yl, x_u=None, augment=Recorder(),
                   steps=2)
     with pytest.raises(ValueError, match="threshold"):
         ACRLoss(num_classes=K, labeled_counts=COUNTS, threshold=1.0)

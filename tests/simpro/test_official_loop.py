@@ -11,20 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from icml24.simpro import GaussianMixtureTier, SimProLoss, train_ssl
-
-K, D = 4, 5
-COUNTS = [12, 6, 3, 2]
-
-
-class _Recorder:
-    def __init__(self) -> None:
-        self.views: list[torch.Tensor] = []
-
-    def __call__(self, x, *, strong, generator):
-        out = x + (0.5 if strong else 0.1) * torch.randn(x.shape, generator=generator)
-        self.views.append(out.clone())
-        return out
+from icml24.simpro import SimProLoss, train_ssl
+from tests.simpro.official_setup import COUNTS, D, K, Recorder, toy_data
 
 
 def _official_simpro(model0: nn.Module, views, ys, *, epochs, eval_step, threshold, tau, ema_u, lr, wd, ema_decay,
@@ -97,10 +85,7 @@ def _official_simpro(model0: nn.Module, views, ys, *, epochs, eval_step, thresho
 
 @pytest.mark.parametrize("tau, threshold", [(1.0, 0.5), (2.0, 0.8)])
 def test_simpro_equals_a_line_by_line_port_of_the_official_loop(tau, threshold):
-    tier = GaussianMixtureTier(num_classes=K, dim=D, mean_scale=2.0, data_seed=0)
-    g = torch.Generator().manual_seed(0)
-    xl, yl = tier.sample(COUNTS, generator=g)
-    xu, _ = tier.sample([3, 6, 12, 24], generator=g)
+    xl, yl, xu = toy_data()
     lab = [(xl[i::5][:4], yl[i::5][:4]) for i in range(5)]
     unl = [xu[i::4][:8] for i in range(4)]
     epochs, period = 4, 6
@@ -109,7 +94,7 @@ def test_simpro_equals_a_line_by_line_port_of_the_official_loop(tau, threshold):
     model = nn.Linear(D, K)
     model0 = copy.deepcopy(model)
     crit = SimProLoss(num_classes=K, labeled_counts=COUNTS, tau=tau, threshold=threshold, ema_u=0.9)
-    rec = _Recorder()
+    rec = Recorder()
     pi_u = torch.tensor([3, 6, 12, 24.0]) / 45
     out = train_ssl(model=model, criterion=crit, labeled=lab, unlabeled=unl, augment=rec, steps=steps, lr=0.1,
                     weight_decay=5e-4, update_period=period, ema_decay=0.9, seed=0, pi_u_true=pi_u)

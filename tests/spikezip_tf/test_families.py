@@ -23,6 +23,7 @@ from icml24.spikezip_tf import (
     quantizers,
     simulate,
 )
+from tests.spikezip_tf.compare import assert_results_equal
 from tests.spikezip_tf.timm_like import VisionTransformer
 
 F64 = torch.float64
@@ -160,12 +161,6 @@ def test_hf_encoder_official_layout_and_errors():
 
 
 # ------------------------------------------------------------------------------------ multi-step identity
-def _results_equal(a, b) -> None:
-    assert torch.equal(a.outputs, b.outputs)
-    assert a.quiescent_step == b.quiescent_step
-    assert torch.equal(a.sample_quiescent_step, b.sample_quiescent_step)
-    assert a.spikes_per_layer == b.spikes_per_layer and a.sops_per_layer == b.sops_per_layer
-    assert torch.equal(a.spikes_per_step, b.spikes_per_step) and torch.equal(a.sops_per_step, b.sops_per_step)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
@@ -180,7 +175,7 @@ def test_multi_step_identical_to_step_by_step(dtype):
         # the reference simulates every step (also those past quiescence that the default fills with zeros)
         ref = simulate(snn, x, max_steps=30, until_quiescent=until, chunk=1, skip_after_quiescence=False)
         for chunk in (None, 30):
-            _results_equal(simulate(snn, x, max_steps=30, until_quiescent=until, chunk=chunk), ref)
+            assert_results_equal(simulate(snn, x, max_steps=30, until_quiescent=until, chunk=chunk), ref)
     if dtype == F64:
         return  # the text encoder (masks, token ids) in float32 only, where rounding differences would show
     torch.manual_seed(1)
@@ -192,7 +187,7 @@ def test_multi_step_identical_to_step_by_step(dtype):
     calibrate(q, ids, mask=mask)
     snn = convert(q.to(dtype).eval())
     ref = simulate(snn, ids, mask=mask, max_steps=60, chunk=1)
-    _results_equal(simulate(snn, ids, mask=mask, max_steps=60, chunk=7), ref)
+    assert_results_equal(simulate(snn, ids, mask=mask, max_steps=60, chunk=7), ref)
 
 
 def test_neuron_multi_step_equals_single_steps_and_range_check():

@@ -14,6 +14,7 @@ from icml24.common.nets import TinyViT
 from icml24.spikezip_tf import _fused, calibrate, convert, quantize, simulate
 from icml24.spikezip_tf.snn import STBIFNeuron
 from icml24.spikezip_tf.text import TinyTextEncoder
+from tests.spikezip_tf.compare import assert_results_equal
 
 F64 = torch.float64
 needs_kernel = pytest.mark.skipif(not _fused.available(torch.zeros(1)),
@@ -88,12 +89,6 @@ def test_kernel_reads_row_strided_and_copies_other_layouts():
         assert torch.equal(outs[False][1], outs[True][1]), name
 
 
-def _results_equal(a, b) -> None:
-    assert torch.equal(a.outputs, b.outputs)
-    assert a.quiescent_step == b.quiescent_step
-    assert torch.equal(a.sample_quiescent_step, b.sample_quiescent_step)
-    assert a.spikes_per_layer == b.spikes_per_layer and a.sops_per_layer == b.sops_per_layer
-    assert torch.equal(a.spikes_per_step, b.spikes_per_step) and torch.equal(a.sops_per_step, b.sops_per_step)
 
 
 @needs_kernel
@@ -112,7 +107,7 @@ def test_simulation_identical_with_and_without_kernel(dtype):
                 ref = simulate(snn, x, max_steps=60, chunk=chunk)
             with kernel(True):
                 got = simulate(snn, x, max_steps=60, chunk=chunk)
-            _results_equal(ref, got)
+            assert_results_equal(ref, got)
     torch.manual_seed(1)
     enc = TinyTextEncoder(vocab_size=11, max_len=12, num_classes=3)
     q = quantize(enc, level=16)
@@ -125,7 +120,7 @@ def test_simulation_identical_with_and_without_kernel(dtype):
         ref = simulate(snn, ids, mask=mask, max_steps=60)
     with kernel(True):
         got = simulate(snn, ids, mask=mask, max_steps=60)
-    _results_equal(ref, got)
+    assert_results_equal(ref, got)
 
 
 def test_kernel_off_switch_and_non_cpu_fallback():

@@ -18,18 +18,11 @@ from icml24.common.nets import TinyViT
 from icml24.spikezip_tf import _fused, calibrate, convert, quantize, simulate
 from icml24.spikezip_tf.snn import _differences_
 from icml24.spikezip_tf.text import TinyTextEncoder
+from tests.spikezip_tf.compare import assert_results_equal
 
 F64 = torch.float64
 
 
-def _results_equal(a, b) -> None:
-    assert torch.equal(a.outputs, b.outputs)
-    assert a.quiescent_step == b.quiescent_step
-    assert torch.equal(a.sample_quiescent_step, b.sample_quiescent_step)
-    assert a.spikes_per_layer == b.spikes_per_layer and a.sops_per_layer == b.sops_per_layer
-    assert torch.equal(a.spikes_per_step, b.spikes_per_step) and torch.equal(a.sops_per_step, b.sops_per_step)
-    if a.pooler_output is not None or b.pooler_output is not None:
-        assert torch.equal(a.pooler_output, b.pooler_output)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
@@ -62,7 +55,7 @@ def test_every_chunk_size_identical_tiny_vit(dtype):
     ref = simulate(snn, x, max_steps=40, chunk=1)
     assert ref.num_steps > 8  # several chunks of every size below
     for chunk in (2, 3, 4, 7, 40):
-        _results_equal(simulate(snn, x, max_steps=40, chunk=chunk), ref)
+        assert_results_equal(simulate(snn, x, max_steps=40, chunk=chunk), ref)
 
 
 def test_every_chunk_size_identical_text_encoder_with_mask():
@@ -77,7 +70,7 @@ def test_every_chunk_size_identical_text_encoder_with_mask():
     snn = convert(q.double().eval())
     ref = simulate(snn, ids, mask=mask, max_steps=80, chunk=1)
     for chunk in (3, 4, 9):
-        _results_equal(simulate(snn, ids, mask=mask, max_steps=80, chunk=chunk), ref)
+        assert_results_equal(simulate(snn, ids, mask=mask, max_steps=80, chunk=chunk), ref)
 
 
 def test_every_chunk_size_identical_hf_bert_pairs_and_vit():
@@ -101,7 +94,7 @@ def test_every_chunk_size_identical_hf_bert_pairs_and_vit():
         logits = qann(input_ids=ids, attention_mask=mask, token_type_ids=tt).logits
     assert (ref.logits - logits).abs().max() < 1e-9
     for chunk in (3, 4):
-        _results_equal(simulate(snn, ids, attention_mask=mask, token_type_ids=tt, max_steps=200, chunk=chunk), ref)
+        assert_results_equal(simulate(snn, ids, attention_mask=mask, token_type_ids=tt, max_steps=200, chunk=chunk), ref)
     torch.manual_seed(6)
     vit = tr.ViTModel(tr.ViTConfig(image_size=6, patch_size=2, num_channels=2, **cfg)).eval()
     x = torch.randn(3, 2, 6, 6)
@@ -111,7 +104,7 @@ def test_every_chunk_size_identical_hf_bert_pairs_and_vit():
     ref = simulate(snn, x, max_steps=200, chunk=1)
     assert ref.pooler_output is not None
     for chunk in (3, 4):
-        _results_equal(simulate(snn, x, max_steps=200, chunk=chunk), ref)
+        assert_results_equal(simulate(snn, x, max_steps=200, chunk=chunk), ref)
 
 
 _CHILD = r"""
