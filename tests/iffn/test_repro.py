@@ -13,19 +13,17 @@ from torch import nn
 
 from icml24.common.data import Split
 from icml24.common.results import ClaimCheck, verdict
-from icml24.iffn import IFFN, AGeLU
-from icml24.iffn import count_flops
+from icml24.iffn import IFFN, AGeLU, count_flops
 from icml24.iffn.experiment import (
     ALL_ARMS,
-    ARMS,
     TOY_ARMS,
     Config,
     ViT1D,
     build_vit,
     ffn_costs,
+    load_tokens,
     parse_arm,
     run,
-    load_tokens,
     token_scores,
     token_teacher,
     toy_data,

@@ -41,6 +41,8 @@ from icml24.common.plotting import band, new_figure, save_figure
 from icml24.common.results import ClaimCheck, RunRecorder, RunResult, one_sample_check, paired_check
 from icml24.common.stats import one_sample_ci, paired_ci
 from icml24.common.tuning import Tuned, tune_grid, tuning_check
+from icml24.simpro.acr import dual_head
+from icml24.simpro.core import kl_divergence
 from icml24.simpro.data import (
     DISTRIBUTIONS,
     GaussianMixtureTier,
@@ -51,8 +53,6 @@ from icml24.simpro.data import (
     split_labeled_unlabeled,
     unlabeled_counts,
 )
-from icml24.simpro.acr import dual_head
-from icml24.simpro.core import kl_divergence
 from icml24.simpro.trainer import evaluate, make_criterion, train_ssl
 
 SLUG = "simpro"
