@@ -1,4 +1,5 @@
-"""Quick reproduction of alh: one run, the result's contents, the checks' kinds and pairing, the tuning protocol."""
+"""Quick reproduction of alh: one run, the result's contents, the checks' kinds and pairing, the tuning protocol,
+the bias mechanisms (issue 30) and the slow tier's settings."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 
 from icml24.alh.experiment import ARMS, Config, run
 from tests.shared_checker import check_results_file
+
+UNBIASED_ARMS = ("td3_unbiased", "alh_g_unbiased")
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +24,7 @@ def test_quick_run_writes_a_complete_result(quick):
     res, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["slug"] == "alh" and d["mode"] == "quick" and d["seeds"] == [0, 1]
-    assert set(d["summary"]) == {*ARMS, "td3_unbiased"}
+    assert set(d["summary"]) == {*ARMS, *UNBIASED_ARMS}
     for name in ("eval_return.png", "iqm.png"):
         assert (out / name).stat().st_size > 1000
     assert not (out / "cache").exists()  # the per-run resume cache is removed once the run finished
@@ -29,7 +32,7 @@ def test_quick_run_writes_a_complete_result(quick):
     curves = res.extra["curves"]
     # evaluations: before training, at the end of the warm-up, then every eval_every steps
     assert curves["td3"]["steps"] == [0, 1000, 1250, 1500]
-    for arm in ARMS:
+    for arm in (*ARMS, *UNBIASED_ARMS):  # the unbiased arms on every test seed too (issue 30)
         r = np.asarray(curves[arm]["returns"])
         assert r.shape == (2, 4) and np.all(np.isfinite(r))
         finals = [row["metrics"][arm]["final_return"] for row in d["per_seed"]]
@@ -58,15 +61,15 @@ def test_checks_are_labelled_and_paired(quick):
     assert [c.method_arm for c in claims] == ["alh_g", "alh_a"]
     for c in claims:  # paired per seed, with an interval, against TD3, threshold 0 fixed by the issue
         assert c.baseline_arm == "td3" and c.threshold == 0.0 and c.n == 2 and c.ci_low <= c.measured <= c.ci_high
+    assert all(c.name.endswith("improves TD3 early in training (biased data, 500 updates; mean of the last 2 "
+                               "evals)") for c in claims)  # what the claims test, not the bias story
     sanity = res.checks("sanity")
-    names = [c.name for c in sanity]
-    assert any(n.startswith("regime") for n in names) and any("finite" in n for n in names)
-    claim_names = [c.name for c in claims]
-    regime = next(c for c in sanity if c.name.startswith("regime"))
     finite = next(c for c in sanity if "finite" in c.name)
-    assert regime.guards == claim_names and finite.guards == []  # MultiNormEnv's regime; a global precondition
-    assert regime.detail.startswith("the regime: ") and finite.detail.startswith("convergence: ")
-    assert sum(c.name.endswith("inside its grid") for c in sanity) == 2
+    assert finite.guards == [] and finite.detail.startswith("convergence: ")  # a global precondition
+    assert sum(c.name.endswith("inside its grid") for c in sanity) == 2 and len(sanity) == 3  # no regime gate
+    mech = res.checks("mechanism")
+    assert [c.method_arm for c in mech] == ["td3_unbiased", "alh_g"] and all(c.n == 2 for c in mech)
+    assert all(c.guards == [] and c.name.startswith("mechanism: ") for c in mech)
     held, void = res.verdict["claims_held"], res.verdict["claims_void"]
     assert res.verdict["claims_total"] + void == 2 and held <= res.verdict["claims_total"]
 
@@ -100,20 +103,23 @@ def test_tuning_uses_validation_seeds_only(tmp_path, monkeypatch):
     assert {(a, lr) for a, _, lr, _ in tune} == want
     assert len(tune) == 2 * 3 * 2  # same budget: 3 evaluated lrs x 2 validation seeds for each tuned arm
     test = [c for c in calls if c[1] in (0, 1, 2)]
-    assert all(lr == res.extra["tuned_lr"][a] for a, _, lr, b in test if b is None)
-    assert {(s, b) for a, s, _, b in test if b is False} == {(0, False), (1, False)}  # regime control seeds
+    assert all(lr == res.extra["tuned_lr"][a] for a, _, lr, b in test)  # the unbiased arms too
+    # every test seed: each arm on the biased data, TD3 and ALH-g on the unbiased data as well (issue 30)
+    assert sorted((a, s) for a, s, _, b in test if b is None) == sorted((a, s) for a in ARMS for s in (0, 1, 2))
+    assert sorted((a, s) for a, s, _, b in test if b is False) == sorted(
+        (a, s) for a in ("td3", "alh_g") for s in (0, 1, 2))
 
 
-def _fake_run_one(opt, *, gain=1.0):
+def _fake_run_one(opt, *, gain=1.0, unbiased=5.0):
     """A stand-in for ``run_one``: an arm's final return peaks at the lr ``opt[arm]`` (falling by 1 per decade,
-    the same on every seed); on the test seeds the ALH arms sit ``gain`` above TD3 and the unbiased TD3 above
-    both (the regime holds); MuJoCo runs return 300 (TD3 does not learn the task)."""
+    the same on every seed); on the test seeds the ALH arms sit ``gain`` above TD3 on the biased data, and every
+    arm ``unbiased`` higher on the unbiased data; MuJoCo runs return 300 (TD3 does not learn the task)."""
     def fake(cfg, *, arm, seed, lr, biased=None, mujoco=False, checkpoint=None):
         if mujoco:
             f = 300.0 + seed
         else:
             f = -abs(np.log10(lr / opt.get(arm, opt.get("alh_g")))) + 0.1 * (seed % 3)
-            f += gain * arm.startswith("alh") + 5.0 * (biased is False)
+            f += (gain * arm.startswith("alh") if biased is not False else 0.0) + unbiased * (biased is False)
         r = [0.0, 1.0, f, f]
         return {"steps": [0, 1, 2, 3], "returns": r, "critic_loss": [0.0] * 4, "finite": True, "episodes": 1,
                 "final": f, "lr": lr}
@@ -129,7 +135,7 @@ def test_an_edge_that_keeps_winning_extends_and_the_tuning_check_guards_the_clai
 
     monkeypatch.setattr(ex, "run_one", _fake_run_one({"td3": opt_td3, "alh_g": 1e-3}))
     cfg = Config.quick().replace(lr_grid=(3e-4, 1e-3, 3e-3), seeds=(0, 1, 2), val_seeds=(50, 51),
-                                 regime_seeds=(0, 1, 2), grid_extra=2)
+                                 grid_extra=2)
     res = ex.run(cfg, tmp_path)
     tr = res.extra["tuning"]
     assert tr["td3"]["extensions"] == pytest.approx(extensions) and tr["alh_g"]["extensions"] == []
@@ -150,7 +156,7 @@ def test_a_guard_voids_exactly_the_claims_it_names(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ex, "run_one", _fake_run_one({"td3": 1e-3, "alh_g": 1e-3, "alh_a": 1.0}))
     cfg = Config.quick().replace(lr_grid=(3e-4, 1e-3, 3e-3), seeds=(0, 1, 2), val_seeds=(50, 51),
-                                 regime_seeds=(0, 1, 2), grid_extra=1, tune_arms=("td3", "alh_g", "alh_a"))
+                                 grid_extra=1, tune_arms=("td3", "alh_g", "alh_a"))
     res = ex.run(cfg, tmp_path)
     g, a = res.checks("claim")
     by_arm = {c.method_arm: c for c in res.checks("sanity") if "inside its grid" in c.name}
@@ -163,11 +169,12 @@ def test_a_guard_voids_exactly_the_claims_it_names(tmp_path, monkeypatch):
 def test_lr_source_and_tuning_guards():
     from icml24.alh.experiment import lr_source, tuning_guards
 
-    cfg = Config()
+    cfg = Config(test_arms=ARMS)
     assert [lr_source(cfg, a) for a in ARMS] == ["td3", "alh_g", "alh_g"]
-    both = ["ALH-g beats TD3 on biased early data (mean of last 2 evals)",
-            "ALH-a beats TD3 on biased early data (mean of last 2 evals)"]
+    both = [f"{m} improves TD3 early in training (biased data, 20000 updates; mean of the last 2 evals)"
+            for m in ("ALH-g", "ALH-a")]
     assert tuning_guards(cfg, "td3") == both and tuning_guards(cfg, "alh_g") == both
+    assert tuning_guards(Config(), "td3") == both[:1]  # the default full run has no ALH-a runs (amendment)
     own = cfg.replace(tune_arms=("td3", "alh_g", "alh_a"))
     assert tuning_guards(own, "alh_g") == both[:1] and tuning_guards(own, "alh_a") == both[1:]
     assert Config().grid_extra == 2
@@ -183,12 +190,12 @@ def test_the_full_run_shows_the_mujoco_checks_beside_the_verdict(tmp_path, monke
     monkeypatch.setattr(ex, "run_one", _fake_run_one({"td3": 1e-3, "alh_g": 1e-3}))
     monkeypatch.setattr(ex, "make_env", lambda *a, **k: type("E", (), {"close": lambda self: None})())
     cfg = Config.quick().replace(lr_grid=(3e-4, 1e-3, 3e-3), seeds=(0, 1, 2), val_seeds=(50, 51),
-                                 regime_seeds=(0, 1, 2), mujoco_env="Hopper-v5", mujoco_seeds=(0, 1))
+                                 mujoco_env="Hopper-v5", mujoco_seeds=(0, 1))
     res = ex.run(cfg, tmp_path)
     mj = [c for c in res.claim_checks if "Hopper-v5" in c.name]
     assert len(mj) == 2 and all(c.kind == "mechanism" for c in mj)
     assert not mj[1].passed and mj[1].detail.startswith("the regime: TD3 must learn Hopper-v5")
-    assert res.verdict["label"] == "holds" and res.verdict["mechanisms_total"] == 2
+    assert res.verdict["label"] == "holds" and res.verdict["mechanisms_total"] == 2 + 2  # + the two bias ones
 
 
 def test_mujoco_only_job_is_separate_and_keeps_its_checkpoints(tmp_path, monkeypatch):

@@ -2,9 +2,12 @@
 
 Primary claim, on the paper's analysis environment ``MultiNormEnv`` with the biased early-data scheme (all
 training resets in [200, 260], warm-up actions 0, no exploration noise; evaluation from unbiased resets):
-ALH-g (and ALH-a) reach a higher evaluation return than TD3, paired per seed on the mean of the last two
-evaluations, 10 seeds. Every arm's learning rate is chosen from the same grid on separate validation seeds.
-The regime (the biased data hurts TD3) is checked by TD3 trained without the bias on the same seeds.
+ALH-g (and, with ``alh_a`` in ``test_arms``, ALH-a) improves TD3 early in training, paired per seed on the mean
+of the last two evaluations, 10 seeds. Every arm's learning rate is chosen from the same grid on separate
+validation seeds. The bias story is a ``mechanism`` beside the verdict (issue 30), never a gate on the claims:
+TD3 and ALH-g also train on unbiased data (the official unbiased scheme, exploration noise 0.1) on every test
+seed, and the run reports the interaction (ALH-g − TD3 | biased) − (ALH-g − TD3 | unbiased) and
+TD3 unbiased − TD3 biased, each paired over the seeds with its 95% t interval.
 Tuning (issue 26): each tuned arm's lr goes through :func:`icml24.common.tuning.tune_grid` (log grid, extended
 past an edge that keeps winning by at most ``grid_extra`` points, the same budget for every arm; no natural
 bound: an lr grid has none), and :func:`~icml24.common.tuning.tuning_check` guards the claims that use or compare
@@ -20,6 +23,7 @@ import hashlib
 import json
 import math
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,18 +39,21 @@ from icml24.common import validate as val
 from icml24.common.config import ExperimentConfig, help_text
 from icml24.common.parallel import run_jobs
 from icml24.common.plotting import new_figure, save_figure
-from icml24.common.results import ClaimCheck, Kind, RunRecorder, RunResult, paired_check
+from icml24.common.results import ClaimCheck, Kind, RunRecorder, RunResult, one_sample_check, paired_check
 from icml24.common.rl_stats import iqm_with_ci
 from icml24.common.seeding import seed_everything
 from icml24.common.tuning import Tuned, tune_grid, tuning_check
 
 SLUG = "alh"
 ARMS = ("td3", "alh_g", "alh_a")
-_LABELS = {"td3": "TD3", "alh_g": "ALH-g", "alh_a": "ALH-a", "td3_unbiased": "TD3 (unbiased data)"}
+UNBIASED = "_unbiased"  # suffix of an arm trained on the official unbiased scheme
+_LABELS = {"td3": "TD3", "alh_g": "ALH-g", "alh_a": "ALH-a", "td3_unbiased": "TD3 (unbiased data)",
+           "alh_g_unbiased": "ALH-g (unbiased data)", "alh_a_unbiased": "ALH-a (unbiased data)"}
 # best return reachable per episode (1000 steps): InvertedPendulum 1 per step; InvertedDoublePendulum ≈ 9.36 per
 # step (its maximum alive bonus minus zero penalties); Hopper: TD3's 1M-step score (Fujimoto et al. 2018, ≈ 3564)
 RETURN_RANGE = {"InvertedPendulum-v5": 1000.0, "InvertedDoublePendulum-v5": 9360.0, "Hopper-v5": 3600.0}
-_COLORS = {"td3": "tab:blue", "alh_g": "tab:red", "alh_a": "tab:orange", "td3_unbiased": "tab:gray"}
+_COLORS = {"td3": "tab:blue", "alh_g": "tab:red", "alh_a": "tab:orange", "td3_unbiased": "tab:gray",
+           "alh_g_unbiased": "tab:pink", "alh_a_unbiased": "tab:brown"}
 
 
 @dataclass(frozen=True)
@@ -63,11 +70,19 @@ class Config(ExperimentConfig):
     grid_extra: int = field(default=2, metadata=help_text(
         "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets the same "
         "budget"))
+    test_arms: tuple[str, ...] = field(default=("td3", "alh_g"), metadata=help_text(
+        "arms trained on the biased data on every test seed; each ALH arm among them makes a claim against TD3 "
+        "(issue 30 amendment: ALH-a's 10 runs are left out of the default full run to fit 30 min on 2 cores; "
+        "add 'alh_a' for its claim)"))
+    unbiased_arms: tuple[str, ...] = field(default=("td3", "alh_g"), metadata=help_text(
+        "arms (a subset of test_arms) also trained on the official unbiased scheme on every test seed, with their "
+        "tuned lrs: the bias mechanisms need td3 (TD3 unbiased − biased) and alh_g (the interaction); () = off "
+        "(issue 30)"))
     tune_arms: tuple[str, ...] = field(default=("td3", "alh_g"), metadata=help_text(
         "arms tuned on the grid; ALH-a takes ALH-g's lr (ours: the same ALH networks)"))
     total_steps: int = field(default=45_000, metadata=help_text(
         "environment steps per run incl. warm-up: 20k updates (official toy: 2e6; notes' CPU set: 45k = 20k "
-        "updates; 55 runs ≈ 55 min on one idle thread, ≈ 28 min with workers=2)"))
+        "updates; 60 runs ≈ 45 min of CPU, ≈ 23 min with workers=2: README, amendment)"))
     start_steps: int = field(default=25_000, metadata=help_text("random-action warm-up steps (official: 25k)"))
     eval_every: int = field(default=500, metadata=help_text(
         "evaluation period in steps after the warm-up (official: 5000 over 2M steps)"))
@@ -78,11 +93,11 @@ class Config(ExperimentConfig):
     mem_hidden: int = field(default=64, metadata=help_text("E/D width (official toy: 64)"))
     hypo_dim: int = field(default=64, metadata=help_text("k, hypothesis size (official: 64)"))
     expl_noise: float = field(default=0.0, metadata=help_text(
-        "exploration noise / a_max during training (official bias scheme: 0)"))
+        "exploration noise / a_max during training on the biased data (official bias scheme: 0)"))
+    unbiased_expl_noise: float = field(default=0.1, metadata=help_text(
+        "exploration noise / a_max during training on the unbiased data (official unbiased scheme "
+        "share_not_hard_config: main_toy.py's default 0.1)"))
     biased: bool = field(default=True, metadata=help_text("the biased early-data scheme (official 'hard')"))
-    regime_seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=help_text(
-        "seeds (a subset of seeds) on which TD3 also trains on unbiased data, TD3's tuned lr: the regime sanity "
-        "check; () = off (ours; 5 for CPU)"))
     mujoco_env: str = field(default="", metadata=help_text(
         "gymnasium id of the MuJoCo sanity task ('' = off; slow variant: InvertedPendulum-v5)"))
     mujoco_seeds: tuple[int, ...] = field(default=(0, 1, 2, 3, 4), metadata=help_text(
@@ -107,8 +122,9 @@ class Config(ExperimentConfig):
         "RETURN_RANGE (InvertedPendulum 1000, InvertedDoublePendulum 9360, Hopper 3600)"))
     margin_fraction: float = field(default=0.05, metadata=help_text(
         "MuJoCo no-worse margin as a fraction of the return range (issue: 5%)"))
-    workers: int = field(default=1, metadata=help_text(
-        "processes running independent runs at once (each fully seeded: the numbers do not depend on it)"))
+    workers: int = field(default=2, metadata=help_text(
+        "processes running independent runs at once (each fully seeded: the numbers do not depend on it; 2 for "
+        "the 2-core machine)"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -118,9 +134,15 @@ class Config(ExperimentConfig):
             raise ValueError(f"{w}: val_seeds {self.val_seeds} must be disjoint from seeds {self.seeds}")
         val.each(w, "lr_grid", self.lr_grid, val.positive)
         val.integer(w, "grid_extra", self.grid_extra, minimum=0)
-        if not set(self.regime_seeds) <= set(self.seeds):
-            raise ValueError(f"{w}: regime_seeds {self.regime_seeds} must be a subset of seeds {self.seeds}")
-        val.each(w, "tune_arms", self.tune_arms, val.one_of, ARMS)
+        val.each(w, "test_arms", self.test_arms, val.one_of, ARMS)
+        if "td3" not in self.test_arms or len(set(self.test_arms)) < 2 or len(set(self.test_arms)) != len(
+                self.test_arms):
+            raise ValueError(f"{w}: test_arms {self.test_arms} must hold td3 (every claim's baseline) and at least "
+                             "one ALH arm, each once")
+        for name in ("unbiased_arms", "tune_arms"):
+            arms = getattr(self, name)
+            if not set(arms) <= set(self.test_arms):
+                raise ValueError(f"{w}: {name} {arms} must be a subset of test_arms {self.test_arms}")
         for name in ("total_steps", "eval_every", "eval_episodes", "batch_size", "subset_size", "hidden",
                      "mem_hidden", "mujoco_steps", "mujoco_eval_every", "mujoco_batch", "mujoco_hidden",
                      "mujoco_mem_hidden", "mujoco_subset", "workers"):
@@ -129,6 +151,7 @@ class Config(ExperimentConfig):
         val.integer(w, "start_steps", self.start_steps, minimum=0)
         val.integer(w, "mujoco_start", self.mujoco_start, minimum=0)
         val.non_negative(w, "expl_noise", self.expl_noise)
+        val.non_negative(w, "unbiased_expl_noise", self.unbiased_expl_noise)
         val.non_negative(w, "mujoco_return_range", self.mujoco_return_range)
         if self.mujoco_env and not self.mujoco_return_range and self.mujoco_env not in RETURN_RANGE:
             raise ValueError(f"{w}: no known return range for {self.mujoco_env!r}; set mujoco_return_range")
@@ -150,12 +173,22 @@ class Config(ExperimentConfig):
     def quick(cls) -> Config:
         return cls(seeds=(0, 1), val_seeds=(100,), lr_grid=(3e-4, 1e-3), grid_extra=1, total_steps=1_500,
                    start_steps=1_000, eval_every=250, eval_episodes=2, batch_size=32, subset_size=8, hidden=32,
-                   mem_hidden=32, hypo_dim=16, regime_seeds=(0, 1))
+                   mem_hidden=32, hypo_dim=16, test_arms=ARMS, workers=1)
 
     @classmethod
     def slow(cls) -> Config:
         """The full run plus the MuJoCo InvertedPendulum-v5 sanity task (50k steps, 5 seeds)."""
         return cls(mujoco_env="InvertedPendulum-v5")
+
+    @classmethod
+    def slow_bias(cls) -> Config:
+        """The slow tier of issue 30: the official toy protocol (``run_experiments_toy.sh``: B = 512, m = 128,
+        widths 64, k = 64, evaluation every 5000 steps) at 75k steps (25k warm-up + 50k updates, the official
+        curves' first evaluation where the bias regime shows), 10 seeds, four arms: TD3 and ALH-g on biased and
+        on unbiased data, each lr tuned on the full run's grid and validation seeds. Same as
+        ``icml24 run alh --set total_steps=75000 --set eval_every=5000 --set batch_size=512 --set subset_size=128``
+        (README, slow tier)."""
+        return cls(total_steps=75_000, eval_every=5_000, batch_size=512, subset_size=128)
 
 
 def _agent(arm: str, *, state_dim: int, action_dim: int, max_action: float, lr: float, seed: int, hidden: int,
@@ -166,6 +199,12 @@ def _agent(arm: str, *, state_dim: int, action_dim: int, max_action: float, lr: 
         return TD3Agent(**kw)
     return ALHAgent(variant=arm[-1], hypo_dim=hypo_dim, mem_hidden=mem_hidden, subset_size=subset_size,
                     mem_lr=lr, **kw)
+
+
+def expl_noise(cfg: Config, *, biased: bool) -> float:
+    """Training exploration noise of a MultiNormEnv run: ``expl_noise`` on the biased data (official bias scheme:
+    0), ``unbiased_expl_noise`` on the unbiased data (official ``share_not_hard_config``: 0.1)."""
+    return cfg.expl_noise if biased else cfg.unbiased_expl_noise
 
 
 def run_one(cfg: Config, *, arm: str, seed: int, lr: float, biased: bool | None = None, mujoco: bool = False,
@@ -182,7 +221,7 @@ def run_one(cfg: Config, *, arm: str, seed: int, lr: float, biased: bool | None 
         env, eval_env = make_env("MultiNormEnv", biased=b, seed=seed), make_env("MultiNormEnv", seed=seed + 100)
         sizes = dict(hidden=cfg.hidden, mem_hidden=cfg.mem_hidden, subset_size=cfg.subset_size)
         loop = dict(total_steps=cfg.total_steps, start_steps=cfg.start_steps, batch_size=cfg.batch_size,
-                    expl_noise=cfg.expl_noise, eval_every=cfg.eval_every, timeout_is_terminal=True)
+                    expl_noise=expl_noise(cfg, biased=b), eval_every=cfg.eval_every, timeout_is_terminal=True)
     sd, ad, ma = box_bounds("alh", env)
     agent = _agent(arm, state_dim=sd, action_dim=ad, max_action=ma, lr=lr, seed=seed, hypo_dim=cfg.hypo_dim,
                    device=cfg.device, **sizes)
@@ -237,10 +276,49 @@ def _lead(check: ClaimCheck, sentence: str) -> ClaimCheck:
     return check
 
 
-def _claim_names() -> dict[str, str]:
-    """The claims' names by method arm (sanity checks guard them by name)."""
-    return {"alh_g": "ALH-g beats TD3 on biased early data (mean of last 2 evals)",
-            "alh_a": "ALH-a beats TD3 on biased early data (mean of last 2 evals)"}
+def _claim_names(cfg: Config) -> dict[str, str]:
+    """The claims' names by method arm (sanity checks guard them by name): what each tests, ALH improving TD3
+    early in training on the biased data, not that the bias is what ALH overcomes (a mechanism, issue 30)."""
+    updates = cfg.total_steps - cfg.start_steps
+    return {a: f"{_LABELS[a]} improves TD3 early in training (biased data, {updates} updates; mean of the last 2 "
+               "evals)" for a in cfg.test_arms if a != "td3"}
+
+
+def bias_interaction(final: dict[str, dict[int, float]], seeds: Sequence[int], arm: str = "alh_g") -> list[float]:
+    """Per seed, (``arm`` − TD3 | biased) − (``arm`` − TD3 | unbiased) of the final returns ``final[arm][seed]``
+    (unbiased arms carry the ``_unbiased`` suffix): > 0 when ALH's gain over TD3 is larger on the biased data."""
+    u = UNBIASED
+    return [(final[arm][s] - final["td3"][s]) - (final[arm + u][s] - final["td3" + u][s]) for s in seeds]
+
+
+def bias_mechanisms(cfg: Config, final: dict[str, dict[int, float]]) -> list[ClaimCheck]:
+    """The bias story as ``mechanism`` checks beside the verdict (issue 30; never a gate on the claims), paired
+    over every test seed, 95% t intervals: the interaction (ALH-g − TD3 | biased) − (ALH-g − TD3 | unbiased) > 0
+    and TD3 unbiased − TD3 biased > 0 (the biased data hurt TD3)."""
+    if not cfg.biased:  # the main arms already train on unbiased data: no bias to compare with
+        return []
+    seeds = list(cfg.seeds)
+    scheme = (f"unbiased arms: the official unbiased scheme (resets anywhere in [0, 600], random warm-up actions, "
+              f"exploration noise {cfg.unbiased_expl_noise:g}), each arm's tuned lr; {len(seeds)} seeds")
+    checks = []
+    if "td3" in cfg.unbiased_arms:
+        checks.append(paired_check(
+            name="mechanism: the biased data hurt TD3 (TD3 unbiased − TD3 biased > 0)", metric="final_return",
+            method=[final["td3" + UNBIASED][s] for s in seeds], baseline=[final["td3"][s] for s in seeds],
+            method_arm="td3" + UNBIASED, baseline_arm="td3", direction=">=", threshold=0.0, kind="mechanism",
+            paper_value="official curves, 10 seeds (issue 30): +0.37 [−1.88, +2.62] at 45k steps, +4.09 [+2.03, "
+                        "+6.15] at 75k; −2.7 vs −9.7 at 2M",
+            detail=f"the bias regime: reported beside the verdict, it guards no claim. {scheme}"))
+    if {"td3", "alh_g"} <= set(cfg.unbiased_arms):
+        checks.append(one_sample_check(
+            name="mechanism: ALH-g's gain over TD3 is larger on biased data ((ALH-g − TD3 | biased) − "
+                 "(ALH-g − TD3 | unbiased) > 0)", metric="final_return_interaction",
+            values=bias_interaction(final, seeds), direction=">=", threshold=0.0, kind="mechanism", arm="alh_g",
+            paper_value="official 10-seed mean curves: (−5.1 + 9.7) − (−13.3 + 5.5) = +12.4 at 75k steps, "
+                        "(−2.2 + 9.7) − (−2.0 + 2.7) = +6.8 at 2M",
+            detail=f"the bias story: ALH overcomes the biased data (reported beside the verdict, it guards no "
+                   f"claim). Per seed (ALH-g − TD3 | biased) − (ALH-g − TD3 | unbiased). {scheme}"))
+    return checks
 
 
 def lr_source(cfg: Config, arm: str) -> str:
@@ -253,7 +331,7 @@ def lr_source(cfg: Config, arm: str) -> str:
 def tuning_guards(cfg: Config, arm: str) -> list[str]:
     """The claims a tuning check of ``arm`` conditions: every claim compares against TD3, so TD3's guards all of
     them; an ALH arm's guards the claims of the arms that use its lr."""
-    names = _claim_names()
+    names = _claim_names(cfg)
     return [n for m, n in names.items() if arm == "td3" or lr_source(cfg, m) == arm]
 
 
@@ -379,18 +457,19 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             tunings[arm] = tune_grid(evaluate, cfg.lr_grid, score="final", maximize=True, log=True,
                                      max_extra=cfg.grid_extra)
     lr_of: dict[str, float] = {}
-    for arm in ARMS:
+    for arm in cfg.test_arms:
         src = lr_source(cfg, arm)
         lr_of[arm] = tunings[src].value if src in tunings else cfg.lr_grid[0]
 
-    # 2) test runs: every arm on every seed, plus TD3 on unbiased data (the regime control)
-    control = bool(cfg.regime_seeds) and cfg.biased
-    arms = list(ARMS) + (["td3_unbiased"] if control else [])
+    # 2) test runs: every arm on the biased data on every seed, and the unbiased arms on the official unbiased
+    # scheme on every seed too (the bias mechanisms, paired per seed), each with its tuned lr
+    unbiased = list(cfg.unbiased_arms) if cfg.biased else []
+    arms = list(cfg.test_arms) + [a + UNBIASED for a in unbiased]
     logs: dict[str, dict[int, dict[str, Any]]] = {a: {} for a in arms}
-    jobs = [(a, s) for s in cfg.seeds for a in ARMS] + [("td3_unbiased", s) for s in cfg.regime_seeds if control]
-    tested = _run_all(cfg, cache, [(f"test_{a}_{s}", dict(arm=a.replace("_unbiased", ""), seed=s,
-                                                          lr=lr_of["td3" if a == "td3_unbiased" else a],
-                                                          biased=False if a == "td3_unbiased" else None))
+    jobs = [(a, s) for s in cfg.seeds for a in arms]
+    tested = _run_all(cfg, cache, [(f"test_{a}_{s}", dict(arm=a.removesuffix(UNBIASED), seed=s,
+                                                          lr=lr_of[a.removesuffix(UNBIASED)],
+                                                          biased=False if a.endswith(UNBIASED) else None))
                                    for a, s in jobs], desc=f"{SLUG} test")
     for (a, s), lg in zip(jobs, tested, strict=True):
         logs[a][s] = lg
@@ -403,25 +482,15 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                              "mean_return": float(np.mean(logs[a][s]["returns"][1:])),
                              "finite_losses": int(logs[a][s]["finite"])} for a in arms if s in logs[a]})
 
-    paper = "official curves, bias scheme, 10 seeds: ALH-g − TD3 = +4.6 at 75k steps (+7.5 at 2M); issue: ≈ +2"
-    names = _claim_names()
+    paper = {"alh_g": "official curves, bias scheme, 10 seeds: ALH-g − TD3 = +4.6 at 75k steps (+7.5 at 2M); "
+                      "issue 30: +3.30 [−0.19, +6.79] at 75k; issue 20: ≈ +2",
+             "alh_a": "official curves: ALH-a − TD3 = +4.3 at 75k steps (+4.7 at 2M)"}
+    names = _claim_names(cfg)
     checks: list[ClaimCheck] = [
-        rec.paired(name=names["alh_g"], metric="final_return",
-                   method_arm="alh_g", baseline_arm="td3", direction=">=", threshold=0.0, kind="claim",
-                   paper_value=paper),
-        rec.paired(name=names["alh_a"], metric="final_return",
-                   method_arm="alh_a", baseline_arm="td3", direction=">=", threshold=0.0, kind="claim",
-                   paper_value="official curves: ALH-a − TD3 = +4.3 at 75k steps (+4.7 at 2M)"),
-    ]
-    if control:  # a MultiNormEnv check: it guards the MultiNormEnv claims (every claim of this run)
-        checks.append(_lead(paired_check(
-            name="regime: the biased data hurts TD3 (TD3 unbiased − TD3 biased > 0)", metric="final_return",
-            method=[logs["td3_unbiased"][s]["final"] for s in cfg.regime_seeds],
-            baseline=[logs["td3"][s]["final"] for s in cfg.regime_seeds], method_arm="td3_unbiased",
-            baseline_arm="td3", direction=">=", threshold=0.0, kind="sanity", guards=list(names.values()),
-            paper_value="official TD3 at 2M: −2.7 unbiased vs −9.7 biased"),
-            "the regime: the biased early data must hurt TD3, or the run does not show that the bias is what ALH "
-            "overcomes."))
+        rec.paired(name=names[a], metric="final_return", method_arm=a, baseline_arm="td3", direction=">=",
+                   threshold=0.0, kind="claim", paper_value=paper[a]) for a in names]
+    # the bias story: mechanisms beside the verdict, not a gate on the claims (issue 30)
+    checks += bias_mechanisms(cfg, {a: {s: lg["final"] for s, lg in logs[a].items()} for a in arms})
     checks += [lr_tuning_check(arm=a, tuned=tunings[a], guards=tuning_guards(cfg, a), n_val=len(cfg.val_seeds))
                for a in cfg.tune_arms if a in tunings]
     n_bad = sum(1 - lg["finite"] for a in arms for lg in logs[a].values())
