@@ -10,7 +10,16 @@ import pytest
 
 from icml24.common.progress import set_quiet
 from icml24.common.results import ClaimCheck, verdict
-from icml24.loraplus.experiment import FT_ARMS, Config, run
+from icml24.common.stats import one_sample_ci
+from icml24.loraplus.experiment import (
+    FT_ARMS,
+    LAW_LAMBDA_CHECK,
+    LAW_RATIO_CHECK,
+    Config,
+    finetune,
+    make_task,
+    run,
+)
 from tests.shared_checker import check_results_file
 
 
@@ -34,7 +43,8 @@ def test_quick_run_writes_results_report_and_plots(quick):
 def test_checks_have_kinds_and_claims_are_paired_with_a_ci(quick):
     res, _ = quick
     kinds = [c.kind for c in res.claim_checks]
-    assert kinds == ["claim", "claim", "sanity", "sanity", "sanity", "sanity", "mechanism", "mechanism", "mechanism"]
+    assert kinds == ["claim", "claim", "sanity", "sanity", "sanity", "sanity", "mechanism", "mechanism", "mechanism",
+                     "mechanism"]
     n = len(Config.quick().seeds)
     loss, speed = res.checks("claim")
     per = [(r["metrics"]["loraplus"]["test_loss"], r["metrics"]["lora"]["test_loss"]) for r in res.per_seed]
@@ -42,7 +52,7 @@ def test_checks_have_kinds_and_claims_are_paired_with_a_ci(quick):
     assert loss.direction == "<=" and loss.threshold == 0.0 and loss.n == n
     assert loss.passed == (loss.ci_high <= 0.0)
     assert speed.threshold == 0.6 and speed.passed == (speed.ci_high <= 0.6)
-    slope = next(c for c in res.claim_checks if c.name.startswith("width law"))
+    slope = next(c for c in res.claim_checks if c.name == LAW_LAMBDA_CHECK)
     per_slope = [r["metrics"]["width_law"]["slope"] for r in res.per_seed]
     assert slope.measured == pytest.approx(float(np.mean(per_slope))) and slope.ci_low is not None
 
@@ -89,7 +99,7 @@ def test_every_arm_is_tuned_with_tune_grid_on_the_same_budget(quick):
             assert res.per_seed[cfg.seeds.index(s)]["metrics"]["width_law"][f"best_lambda_n{n}"] == \
                 law["lambda_by_seed_width"][str(s)][str(n)]["picked"]
     assert not any(c.name.startswith("width law") and c.kind == "sanity" for c in res.claim_checks)
-    slope = by_name["width law: slope of log(best λ) vs log(n) > 0"]
+    slope = by_name[LAW_LAMBDA_CHECK]
     assert "tuning (not a vote" in slope.detail
 
 
@@ -108,3 +118,91 @@ def test_regime_lora_adapts_features_beyond_a_new_head(quick):
     s = quick[0].summary
     assert s["lora"]["test_loss"]["mean"] < s["head"]["test_loss"]["mean"]
     assert s["lora"]["test_acc"]["mean"] > 20.0  # chance is 20% (5 classes)
+
+
+def test_width_law_is_scored_on_the_training_loss(quick):
+    """Issue 31: every width-law pick is made on the training loss; the held-out loss is only reported."""
+    res, _ = quick
+    cfg = Config.quick()
+    law, cells = res.extra["tuning"]["width_law"], res.extra["width_law_cells"]
+    assert res.extra["width_law_score"] == "train"
+    differs = 0
+    for n in cfg.widths:
+        for lam, rec in law["eta_a_by_width_lambda"][str(n)].items():
+            for lr, m in rec["val_mean"].items():
+                cell = cells[str(n)][lam][lr]
+                assert m == pytest.approx(np.mean(cell["train"]), rel=1e-12)
+                differs += not np.isclose(np.mean(cell["train"]), np.mean(cell["heldout"]))
+        for lam, m in law["lambda_by_width"][str(n)]["val_mean"].items():
+            lr = res.extra["width_law_best_lr"][str(n)][lam]
+            assert m == pytest.approx(np.mean(cells[str(n)][lam][f"{lr:g}"]["train"]), rel=1e-12)
+    assert differs > 0  # the two scores are different numbers, so the test above tells them apart
+    # one cell recomputed from scratch: the stored training loss is the run's final normalised training MSE
+    n, lam, seed = cfg.widths[0], 1.0, cfg.seeds[0]
+    lr = res.extra["width_law_best_lr"][str(n)]["1"]
+    task = make_task(width=n, in_dim=cfg.in_dim, n_samples=cfg.n_samples, target_rank=cfg.target_rank, seed=seed,
+                     n_heldout=cfg.n_heldout)
+    losses, held = finetune(task, ratio=lam, lr=lr, rank=cfg.rank, steps=cfg.steps, seed=seed, heldout=True)
+    assert cells[str(n)]["1"][f"{lr:g}"]["train"][0] == pytest.approx(losses[-1], rel=1e-6)
+    assert cells[str(n)]["1"][f"{lr:g}"]["heldout"][0] == pytest.approx(held, rel=1e-6)
+
+
+def test_width_law_ratio_mechanism_is_the_per_seed_slope_of_the_training_loss_ratio(quick):
+    res, _ = quick
+    cfg = Config.quick()
+    cells, best_lr = res.extra["width_law_cells"], res.extra["width_law_best_lr"]
+    lam = f"{cfg.default_ratio:g}"
+    log_n = np.log(np.asarray(cfg.widths, dtype=float))
+    slopes, held_slopes = [], []
+    for i, row in enumerate(res.per_seed):
+        law = row["metrics"]["width_law"]
+        ratio, held = [], []
+        for n in cfg.widths:
+            plus = cells[str(n)][lam][f"{best_lr[str(n)][lam]:g}"]
+            lora = cells[str(n)]["1"][f"{best_lr[str(n)]['1']:g}"]
+            ratio.append(plus["train"][i] / lora["train"][i])
+            held.append(plus["heldout"][i] / lora["heldout"][i])
+            assert law[f"train_ratio_n{n}"] == pytest.approx(ratio[-1], rel=1e-12)
+            assert law[f"heldout_ratio_n{n}"] == pytest.approx(held[-1], rel=1e-12)
+        slopes.append(np.polyfit(log_n, np.log(ratio), 1)[0])
+        held_slopes.append(np.polyfit(log_n, np.log(held), 1)[0])
+        assert law["ratio_slope"] == pytest.approx(slopes[-1], rel=1e-9)
+        assert law["heldout_ratio_slope"] == pytest.approx(held_slopes[-1], rel=1e-9)
+    check = next(c for c in res.claim_checks if c.name == LAW_RATIO_CHECK)
+    st = one_sample_ci(slopes)
+    assert check.kind == "mechanism" and check.direction == "<=" and check.threshold == cfg.law_ratio_slope_threshold
+    assert check.measured == pytest.approx(st["mean"]) and check.n == len(cfg.seeds)
+    assert check.ci_low == pytest.approx(st["ci_low"]) and check.ci_high == pytest.approx(st["ci_high"])
+    assert check.passed == (check.ci_high <= cfg.law_ratio_slope_threshold)
+    lam_check = next(c for c in res.claim_checks if c.name == LAW_LAMBDA_CHECK)
+    assert lam_check.kind == "mechanism" and lam_check.direction == ">=" and lam_check.paper_value.endswith("slope 1")
+    assert lam_check.threshold == cfg.law_lambda_slope_threshold
+    assert "theory's slope 1" in lam_check.detail
+
+
+def test_full_config_declares_the_amended_width_law_and_the_fine_tuning_width():
+    cfg = Config()
+    assert cfg.widths == (64, 256, 1024) and cfg.lrs == (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+    assert len(cfg.seeds) == 5 and 100 not in cfg.seeds  # the pilot's seed is not a run's seed
+    assert cfg.law_ratio_slope_threshold == 0.0 and cfg.law_lambda_slope_threshold == 0.0
+    assert cfg.ft_dim == 128 and cfg.workers == 2
+    assert Config.slow().ft_dim > cfg.ft_dim and Config.quick().workers == 1
+
+
+@pytest.mark.parametrize("kw", [dict(ratios=(0.25, 4.0, 16.0)), dict(ratios=(1.0, 4.0, 64.0)), dict(workers=0),
+                                dict(law_ratio_slope_threshold=float("nan"))])
+def test_config_rejects_a_width_law_it_cannot_score(kw):
+    with pytest.raises(ValueError):
+        Config(**kw)
+
+
+@pytest.mark.slow
+def test_width_law_cells_do_not_depend_on_the_process_count():
+    import functools
+
+    from icml24.common.parallel import run_jobs
+    from icml24.loraplus.experiment import _law_job
+    cfg = Config.quick()
+    jobs = [(n, 0, ((1.0, 1e-2), (16.0, 1e-3))) for n in cfg.widths]
+    fn = functools.partial(_law_job, cfg)
+    assert run_jobs(fn, jobs, workers=2) == run_jobs(fn, jobs, workers=1)
