@@ -25,6 +25,7 @@ from icml24.bayes_mcts.envs import (
     PlanningEnv,
     brute_force_q,
     check_env,
+    fog_mask,
     make_minigrid,
 )
 from icml24.bayes_mcts.planners import (
@@ -40,14 +41,23 @@ from icml24.bayes_mcts.planners import (
     make_planner,
     run_episode,
 )
-from icml24.bayes_mcts.value_models import STD_MODES, SimulatedValueModel, ValueModel, check_value_output
+from icml24.bayes_mcts.value_models import (
+    STD_MODES,
+    BinnedResidualStd,
+    EstimatedStdModel,
+    SimulatedValueModel,
+    ValueModel,
+    check_value_output,
+    validation_residuals,
+)
 
 __all__ = [
     "MIN_VAR", "bts_percentile", "gaussian_quantile", "linear_transform", "max_of_gaussians",
     "max_of_gaussians_mc", "max_of_two_gaussians",
     "GridLeaper", "GridMaze", "GymnasiumAdapter", "MiniGridAdapter", "PlanningEnv", "brute_force_q", "check_env",
-    "make_minigrid",
+    "fog_mask", "make_minigrid",
     "BTS", "NMCTS", "PLANNERS", "TSTS", "EpisodeResult", "GreedyPlanner", "Node", "SearchResult",
     "TreeSearchPlanner", "make_planner", "run_episode",
-    "STD_MODES", "SimulatedValueModel", "ValueModel", "check_value_output",
+    "STD_MODES", "SimulatedValueModel", "ValueModel", "check_value_output", "BinnedResidualStd", "EstimatedStdModel",
+    "validation_residuals",
 ]

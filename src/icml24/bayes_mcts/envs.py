@@ -19,7 +19,7 @@ import numpy as np
 
 from icml24.common import validate as v
 
-__all__ = ["PlanningEnv", "check_env", "GridMaze", "GridLeaper", "GymnasiumAdapter", "MiniGridAdapter", "make_minigrid",
+__all__ = ["PlanningEnv", "check_env", "fog_mask", "GridMaze", "GridLeaper", "GymnasiumAdapter", "MiniGridAdapter", "make_minigrid",
            "brute_force_q", "GOAL_REWARD", "STEP_PENALTY"]
 
 GOAL_REWARD = 10.0  # official procgen wrapper: env reward 10 at the goal
@@ -76,6 +76,25 @@ def _bfs_distances(succ: dict[Hashable, list[Hashable]], targets: list[Hashable]
     return dist
 
 
+def fog_mask(*, shape: tuple[int, int], free: np.ndarray, frac: float, seed: int) -> np.ndarray:
+    """A per-cell observable "fog" flag: each free cell is fogged with probability ``frac``, independently.
+
+    The fog is part of what the agent (and a value network) observes, like a background texture: the simulated
+    network of the experiment is less accurate in fogged cells (heteroscedastic error), and a σ̂(s) estimated
+    from validation residuals per feature bin can learn that. Drawn from its own stream (``[seed, 0xF06]``), so
+    a layout is the same with and without fog.
+    """
+    v.probability("fog_mask", "frac", frac)
+    rng = np.random.default_rng([int(seed), 0xF06])
+    return (rng.random(shape) < frac) & np.asarray(free, dtype=bool)
+
+
+def _open_neighbours(free: np.ndarray, r: int, c: int) -> int:
+    h, w = free.shape
+    return sum(1 for dr, dc in ((-1, 0), (0, -1), (1, 0), (0, 1))
+               if 0 <= r + dr < h and 0 <= c + dc < w and free[r + dr, c + dc])
+
+
 # ----------------------------------------------------------------------------------------------------- GridMaze
 class GridMaze:
     """A random perfect maze (randomised depth-first search) on ``size × size`` cells, numpy, O(1) get/set state.
@@ -84,16 +103,21 @@ class GridMaze:
     ``(2·size − 1, 2·size − 1)``. Actions: 0 up, 1 left, 2 down, 3 right; bumping a wall stays put.
     Reward −1 per step, +10 on entering the goal (terminal). The state is the agent's ``(row, col)``.
 
+    Observable features of a state (:meth:`features`): whether its cell is fogged (``fog``, a fraction of the free
+    cells, :func:`fog_mask`) and its number of open neighbours.
+
     Args:
         size: cells per side (>= 2).
         seed: the maze layout's seed.
+        fog: fraction of free cells that are fogged (0 = none; the layout does not depend on it).
     """
 
     DELTAS = ((-1, 0), (0, -1), (1, 0), (0, 1))
 
-    def __init__(self, *, size: int, seed: int = 0) -> None:
+    def __init__(self, *, size: int, seed: int = 0, fog: float = 0.0) -> None:
         self.size = v.integer("GridMaze", "size", size, minimum=2)
         self.seed = v.integer("GridMaze", "seed", seed, minimum=0)
+        self.fog = v.probability("GridMaze", "fog", fog)
         n = self.size
         rng = np.random.default_rng(self.seed)
         wall = np.ones((2 * n + 1, 2 * n + 1), dtype=bool)
@@ -114,6 +138,7 @@ class GridMaze:
             seen[nr, nc] = True
             stack.append((nr, nc))
         self.wall = wall
+        self.fog_mask = fog_mask(shape=wall.shape, free=~wall, frac=self.fog, seed=self.seed)
         self.start = (1, 1)
         self.goal = (2 * n - 1, 2 * n - 1)
         self.pos = self.start
@@ -138,6 +163,18 @@ class GridMaze:
 
     def is_success(self, state: tuple[int, int]) -> bool:
         return state == self.goal
+
+    def fogged(self, state: tuple[int, int]) -> bool:
+        """Whether the state's cell is fogged (an observable feature)."""
+        return bool(self.fog_mask[state])
+
+    def features(self, state: tuple[int, int]) -> tuple[int, int]:
+        """Observable features of a state: ``(fogged, open neighbours)``, the bins of an estimated σ̂(s)."""
+        return int(self.fog_mask[state]), _open_neighbours(~self.wall, *state)
+
+    def states(self) -> list[tuple[int, int]]:
+        """Every non-terminal state (open cells but the goal)."""
+        return [(int(r), int(c)) for r, c in zip(*np.nonzero(~self.wall), strict=True) if (r, c) != self.goal]
 
     def next_state(self, state: tuple[int, int], action: int) -> tuple[int, int]:
         dr, dc = self.DELTAS[action]
@@ -359,11 +396,14 @@ class MiniGridAdapter(GymnasiumAdapter):
         env: a reset MiniGrid env (``gym.make("MiniGrid-FourRooms-v0")`` after ``reset(seed=...)``).
         fast_state: O(1) snapshots of the agent pose instead of ``copy.deepcopy``.
         death_penalty: penalty for entering lava (default 100: never better than walking to the goal).
+        fog: fraction of free cells that are fogged (an observable feature, :func:`fog_mask`; 0 = none).
+        fog_seed: the fog's seed (``make_minigrid`` passes the instance seed).
     """
 
     SUPPORTED_CELLS = ("wall", "floor", "goal", "lava")  # a static grid: the pose (x, y, dir) is the state
 
-    def __init__(self, env: Any, *, fast_state: bool = True, death_penalty: float = 100.0) -> None:
+    def __init__(self, env: Any, *, fast_state: bool = True, death_penalty: float = 100.0, fog: float = 0.0,
+                 fog_seed: int = 0) -> None:
         u = env.unwrapped
         if not hasattr(u, "agent_pos") or not hasattr(u, "grid"):
             raise TypeError(f"MiniGridAdapter: env must be a MiniGrid env, got {type(u).__name__}")
@@ -376,6 +416,32 @@ class MiniGridAdapter(GymnasiumAdapter):
         self.start = self._pose()
         self._q: dict[tuple[int, int, int], np.ndarray] | None = None
         self._dist: dict[tuple[int, int, int], int] | None = None
+        self.fog = v.probability("MiniGridAdapter", "fog", fog)
+        free = np.array([[self._cell_kind(x, y) not in ("wall",) for y in range(u.height)] for x in range(u.width)])
+        self._free = free
+        self.fog_mask = fog_mask(shape=free.shape, free=free, frac=self.fog,
+                                 seed=v.integer("MiniGridAdapter", "fog_seed", fog_seed, minimum=0))
+
+    def _xy(self, state: Any) -> tuple[int, int]:
+        pose = state if self.fast_state else state.key
+        return int(pose[0]), int(pose[1])
+
+    def fogged(self, state: Any) -> bool:
+        """Whether the state's cell is fogged (an observable feature)."""
+        return bool(self.fog_mask[self._xy(state)])
+
+    def features(self, state: Any) -> tuple[int, int]:
+        """Observable features of a state: ``(fogged, open neighbour cells)``, the bins of an estimated σ̂(s)."""
+        x, y = self._xy(state)
+        return int(self.fog_mask[x, y]), _open_neighbours(self._free, x, y)
+
+    def states(self) -> list[tuple[int, int, int]]:
+        """Every non-terminal pose (``fast_state`` only: a pose is the state)."""
+        if not self.fast_state:
+            raise ValueError("MiniGridAdapter.states: needs fast_state=True (a pose is then the state)")
+        if self._q is None:
+            self._ground_truth()
+        return sorted(self._q)
 
     @classmethod
     def _check_layout(cls, env: Any) -> None:
@@ -499,7 +565,8 @@ class MiniGridAdapter(GymnasiumAdapter):
         return int(self._dist[self.start])
 
 
-def make_minigrid(name: str = "MiniGrid-FourRooms-v0", *, seed: int, fast_state: bool = True) -> MiniGridAdapter:
+def make_minigrid(name: str = "MiniGrid-FourRooms-v0", *, seed: int, fast_state: bool = True,
+                  fog: float = 0.0) -> MiniGridAdapter:
     """``gym.make(name)``, ``reset(seed=seed)`` and wrap in a :class:`MiniGridAdapter` (needs the ``rl`` extra)."""
     try:
         import gymnasium as gym
@@ -508,7 +575,7 @@ def make_minigrid(name: str = "MiniGrid-FourRooms-v0", *, seed: int, fast_state:
         raise ImportError("make_minigrid needs minigrid: pip install 'icml24[rl]'") from e
     env = gym.make(name, max_steps=10**6)
     env.reset(seed=seed)
-    return MiniGridAdapter(env, fast_state=fast_state)
+    return MiniGridAdapter(env, fast_state=fast_state, fog=fog, fog_seed=seed)
 
 
 # ----------------------------------------------------------------------------------------------------- reference
