@@ -24,14 +24,27 @@ def test_quick_run_writes_a_complete_result(quick):
     res, out = quick
     d = json.loads((out / "results.json").read_text())
     assert d["slug"] == "traveling_waves" and d["mode"] == "quick" and d["seeds"] == [0, 1]
-    assert set(d["summary"]) == {"T1", "T2", "untrained", "control"}
+    assert set(d["summary"]) == {"T1", "T2", "untrained", "control", "wave", "wrong_window", "orthogonal", "lstm"}
     for name in ("eigenvalues.png", "gradient_norms.png", "decoded_lags.png"):
         assert (out / name).stat().st_size > 1000
     kinds = [c.kind for c in res.claim_checks]
-    assert kinds.count("claim") == 3 and kinds.count("mechanism") == 12 and kinds.count("sanity") == 6
+    assert kinds.count("claim") == 4 and kinds.count("mechanism") == 14 and kinds.count("sanity") == 12
     guarded = {c.name: c.guards for c in res.checks("sanity")}
     assert all(g for g in guarded.values())  # every sanity check names the claims it conditions
     assert res.extra["twm_max_abs_diff"] == 0.0
+    # the learning-speed claims and their negative-control guards: the control's guard names only its own claim
+    speed = {c.baseline_arm: c for c in res.checks("claim") if c.method_arm == "wave"}
+    assert set(speed) == {"lstm", "orthogonal"}
+    for b, c in speed.items():
+        (g,) = [x for x in res.checks("sanity") if x.method_arm == "wrong_window" and x.baseline_arm == b]
+        assert g.guards == [c.name]
+    ls = d["extra"]["learning_speed"]
+    assert set(ls["tuning"]) == {"wave", "wrong_window", "orthogonal", "lstm"}
+    for arm, runs in ls["runs"].items():  # per claim seed, at the arm's tuned lr; censored runs at the cap
+        assert [r["seed"] for r in runs] == [0, 1]
+        assert all(r["lr"] == ls["tuning"][arm]["picked"] for r in runs)
+        assert all(r["steps"] == Config.quick().speed_cap for r in runs if not r["reached"])
+        assert ls["censored"][arm] == sum(not r["reached"] for r in runs)
 
 
 def test_quick_run_trained_rnns_carry_the_wave_and_the_controls_do_not(quick):

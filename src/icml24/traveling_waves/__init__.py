@@ -11,7 +11,15 @@ from icml24.traveling_waves.analysis import (
     spectral_error,
     theory_spectrum,
 )
-from icml24.traveling_waves.rnn import ElmanRNN, TrainResult, evaluate_accuracy, train_rnn
+from icml24.traveling_waves.rnn import (
+    ElmanRNN,
+    LSTMNet,
+    TrainResult,
+    evaluate_accuracy,
+    orthogonal_rnn,
+    train_rnn,
+    wave_init_rnn,
+)
 from icml24.traveling_waves.tasks import TASKS, Curriculum, hds_targets, make_batch, task_matrix
 from icml24.traveling_waves.twm import (
     AttentionBoundary,
@@ -23,8 +31,8 @@ from icml24.traveling_waves.twm import (
     shift_operator,
 )
 
-__all__ = ["AttentionBoundary", "Curriculum", "ElmanRNN", "LinearBoundary", "LinearWaveRNN", "TASKS",
+__all__ = ["AttentionBoundary", "Curriculum", "ElmanRNN", "LSTMNet", "LinearBoundary", "LinearWaveRNN", "TASKS",
            "TrainResult", "TravelingWaveMemory", "decode_lags", "eigenvalues", "evaluate_accuracy",
            "expected_unit_count", "gradient_norms", "hds_recursion", "hds_targets", "linear_r2", "linear_wave_rnn",
-           "make_batch", "near_unit_count", "shift_operator", "spectral_error", "task_matrix", "theory_spectrum",
-           "train_rnn"]
+           "make_batch", "near_unit_count", "orthogonal_rnn", "shift_operator", "spectral_error", "task_matrix",
+           "theory_spectrum", "train_rnn", "wave_init_rnn"]

@@ -16,9 +16,11 @@ from torch import nn
 
 from icml24.common import validate as v
 from icml24.common.progress import progress
-from icml24.traveling_waves.tasks import Curriculum, make_batch
+from icml24.traveling_waves.tasks import Curriculum, make_batch, task_matrix
+from icml24.traveling_waves.twm import shift_operator
 
-__all__ = ["ElmanRNN", "TrainResult", "train_rnn", "evaluate_accuracy"]
+__all__ = ["ElmanRNN", "LSTMNet", "orthogonal_rnn", "wave_init_rnn", "TrainResult", "train_rnn",
+           "evaluate_accuracy"]
 _OWNER = "traveling_waves"
 
 
@@ -66,8 +68,74 @@ class ElmanRNN(nn.Module):
         return self.readout(self.hidden_states(x))
 
 
+class LSTMNet(nn.Module):
+    """LSTM baseline with the Elman RNN's interface: h(t) = LSTM(x(≤t)), ŷ(t) = W_r h(t) (PyTorch default init,
+    gate biases included; readout without bias, as the Elman RNN's).
+
+    Args:
+        d: input/output dimension.
+        hidden: LSTM units (64 units have about the parameters of the 128-unit Elman RNN).
+    """
+
+    def __init__(self, *, d: int, hidden: int) -> None:
+        super().__init__()
+        d = v.integer(_OWNER, "d", d, minimum=1)
+        hidden = v.integer(_OWNER, "hidden", hidden, minimum=1)
+        self.d, self.hidden = d, hidden
+        self.rnn = nn.LSTM(d, hidden, batch_first=True)
+        self.readout = nn.Linear(hidden, d, bias=False)
+
+    def hidden_states(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden trajectory h(0..T-1), shape (B, T, H), from h(-1) = c(-1) = 0."""
+        v.tensor(_OWNER, "x", x, ndim=3, floating=True)
+        if x.shape[-1] != self.d:
+            raise ValueError(f"{_OWNER}: x must have {self.d} features, got shape {tuple(x.shape)}")
+        h, _ = self.rnn(x)
+        return h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Outputs ŷ(0..T-1), shape (B, T, d)."""
+        return self.readout(self.hidden_states(x))
+
+
+def orthogonal_rnn(*, d: int, hidden: int, generator: torch.Generator | None = None) -> ElmanRNN:
+    """The Elman RNN with its recurrent matrix W_hh drawn by ``torch.nn.init.orthogonal_`` (W_uh, W_r: default)."""
+    model = ElmanRNN(d=d, hidden=hidden)
+    with torch.no_grad():
+        torch.nn.init.orthogonal_(model.W_hh, generator=generator)
+    return model
+
+
+def wave_init_rnn(*, d: int, hidden: int, s: int, generator: torch.Generator | None = None) -> ElmanRNN:
+    """The Elman RNN whose recurrence starts as the T1 traveling wave of window ``s`` in a random basis.
+
+    W_hh = Q · blockdiag(M_s, R) · Qᵀ with M_s the T1 TWM operator (the cyclic block shift of s rows of d, a
+    permutation matrix), R a random orthogonal (H − s·d)-square matrix and Q a random orthogonal basis (both from
+    ``torch.nn.init.orthogonal_``): W_hh is orthogonal, like :func:`orthogonal_rnn`'s, and differs from it only
+    in carrying a window-s wave (s·d eigenvalues at the s-th roots of unity). W_uh and W_r keep PyTorch's default
+    initialisation, so the network still has to learn to write the input into the wave and read it out.
+    """
+    d = v.integer(_OWNER, "d", d, minimum=1)
+    hidden = v.integer(_OWNER, "hidden", hidden, minimum=1)
+    s = v.integer(_OWNER, "s", s, minimum=1)
+    n = s * d
+    if n > hidden:
+        raise ValueError(f"{_OWNER}: the wave needs s*d <= hidden, got s*d = {n} > hidden = {hidden}")
+    model = ElmanRNN(d=d, hidden=hidden)
+    M = shift_operator(F=task_matrix(task="T1", d=d, s=s), d=d, s=s)
+    block = torch.zeros(hidden, hidden, dtype=torch.float64)
+    block[:n, :n] = M
+    if hidden > n:
+        R = torch.empty(hidden - n, hidden - n, dtype=torch.float64)
+        block[n:, n:] = torch.nn.init.orthogonal_(R, generator=generator)
+    Q = torch.nn.init.orthogonal_(torch.empty(hidden, hidden, dtype=torch.float64), generator=generator)
+    with torch.no_grad():
+        model.W_hh.copy_((Q @ block @ Q.T).to(model.W_hh.dtype))
+    return model
+
+
 @torch.no_grad()
-def evaluate_accuracy(model: ElmanRNN, *, task: str, s: int, horizon: int, batches: int, batch_size: int,
+def evaluate_accuracy(model: nn.Module, *, task: str, s: int, horizon: int, batches: int, batch_size: int,
                       generator: torch.Generator) -> float:
     """Sign accuracy of ŷ on the output steps t ≥ s over ``batches`` fresh batches."""
     correct, total = 0.0, 0
@@ -85,7 +153,7 @@ def evaluate_accuracy(model: ElmanRNN, *, task: str, s: int, horizon: int, batch
 class TrainResult:
     """What :func:`train_rnn` returns: the model at the checkpoint chosen on validation, and its history."""
 
-    model: ElmanRNN
+    model: nn.Module
     best_step: int
     best_val_accuracy: float
     steps: int
@@ -93,7 +161,7 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def train_rnn(model: ElmanRNN, *, task: str, s: int, steps: int, generator: torch.Generator,
+def train_rnn(model: nn.Module, *, task: str, s: int, steps: int, generator: torch.Generator,
               val_generator_seed: int, lr: float = 1e-3, weight_decay: float = 0.0, clip: float = 1.0,
               batch_size: int = 64, curriculum: Curriculum | None = None, val_horizon: int = 200,
               val_every: int = 250, val_batches: int = 4, stop_accuracy: float = 0.99,
@@ -106,7 +174,8 @@ def train_rnn(model: ElmanRNN, *, task: str, s: int, steps: int, generator: torc
     checkpoint is kept. Training stops early once the validation accuracy reaches ``stop_accuracy``.
 
     Args:
-        model: the RNN (trained in place; the returned ``model`` is a copy at the best checkpoint).
+        model: the RNN (any module with ``d`` and ``forward``: :class:`ElmanRNN`, :class:`LSTMNet`; trained in
+            place; the returned ``model`` is a copy at the best checkpoint).
         task: ``"T1"``-``"T4"``.
         s: memory window of the task.
         steps: maximum number of optimisation steps.
