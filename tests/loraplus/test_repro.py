@@ -206,3 +206,15 @@ def test_width_law_cells_do_not_depend_on_the_process_count():
     jobs = [(n, 0, ((1.0, 1e-2), (16.0, 1e-3))) for n in cfg.widths]
     fn = functools.partial(_law_job, cfg)
     assert run_jobs(fn, jobs, workers=2) == run_jobs(fn, jobs, workers=1)
+
+
+def test_width_law_job_scores_the_final_training_loss_not_the_best_point_of_the_curve():
+    """A cell whose training curve rises after its minimum (η_A = 1): the score is the loss at T, as stored."""
+    from icml24.loraplus.experiment import _law_job
+    cfg = Config.quick()
+    (train, held), = _law_job(cfg, (32, 0, ((1.0, 1.0),)))
+    task = make_task(width=32, in_dim=cfg.in_dim, n_samples=cfg.n_samples, target_rank=cfg.target_rank, seed=0,
+                     n_heldout=cfg.n_heldout)
+    losses, ref_held = finetune(task, ratio=1.0, lr=1.0, rank=cfg.rank, steps=cfg.steps, seed=0, heldout=True)
+    assert losses.min() < 0.5 * losses[-1]  # the curve is not monotone, so final and best differ
+    assert train == pytest.approx(losses[-1], rel=1e-9) and held == pytest.approx(ref_held, rel=1e-9)
