@@ -218,3 +218,26 @@ def test_width_law_job_scores_the_final_training_loss_not_the_best_point_of_the_
     losses, ref_held = finetune(task, ratio=1.0, lr=1.0, rank=cfg.rank, steps=cfg.steps, seed=0, heldout=True)
     assert losses.min() < 0.5 * losses[-1]  # the curve is not monotone, so final and best differ
     assert train == pytest.approx(losses[-1], rel=1e-9) and held == pytest.approx(ref_held, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_pretraining_and_fine_tuning_jobs_do_not_depend_on_the_process_count():
+    import functools
+
+    import torch
+
+    from icml24.common.parallel import run_jobs
+    from icml24.loraplus.experiment import _ft_job, _pretrain_job
+    cfg = Config.quick().replace(pretrain_steps=20, ft_steps=20, ft_eval_every=10)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the run does (cfg.threads), and as each worker does
+    try:
+        out = {}
+        for w in (1, 2):
+            nets = run_jobs(functools.partial(_pretrain_job, cfg), [0, 1], workers=w)
+            jobs = [(a, 1e-3, s, *nets[i]) for a in ("head", "loraplus") for i, s in enumerate((0, 1))]
+            out[w] = run_jobs(functools.partial(_ft_job, cfg), jobs, workers=w)
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(out[1], out[2], strict=True):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
