@@ -103,13 +103,48 @@ def passkey_batch(*, n: int, length: int, distance: int | None, generator: torch
     return torch.stack(rows), length - nd
 
 
-def repeat_batch(*, n: int, length: int, generator: torch.Generator) -> torch.Tensor:
-    """Random printable bytes repeated once (the induction/copy task): LongTensor [n, length]."""
+def repeat_batch(*, n: int, length: int, generator: torch.Generator, prefix: int = 0,
+                 prefix_byte: int = 32) -> torch.Tensor:
+    """Random printable bytes copied once at a fixed offset (the copy task): LongTensor [n, length].
+
+    A row is ``prefix`` copies of ``prefix_byte`` (spaces) that are never copied, then L = ⌈(length − prefix)/2⌉
+    random printable bytes y, then y again (cut to ``length``): token t of the copy equals token t − L. A prefix of
+    at least M tokens keeps the copy's source out of reach of any cache that holds the first M tokens
+    (StreamingLLM's sinks). A constant prefix (rather than random bytes) keeps the task learnable by a
+    fixed-offset head: the one token it would copy wrongly is the filler byte itself.
+    """
     n = v.integer(OWNER, "n", n, minimum=1)
     length = v.integer(OWNER, "length", length, minimum=2)
-    half = (length + 1) // 2
+    prefix = v.integer(OWNER, "prefix", prefix, minimum=0, maximum=length - 2)
+    prefix_byte = v.integer(OWNER, "prefix_byte", prefix_byte, minimum=0, maximum=255)
+    half = (length - prefix + 1) // 2
     x = torch.randint(32, 127, (n, half), generator=generator)
-    return torch.cat([x, x], 1)[:, :length]
+    return torch.cat([torch.full((n, prefix), prefix_byte, dtype=x.dtype), x, x], 1)[:, :length]
+
+
+def copied_half_mask(length: int, *, prefix: int = 0, skip: int = 1) -> torch.Tensor:
+    """Which next-token targets of a :func:`repeat_batch` row are scored as the copied half: BoolTensor [T−1].
+
+    Position i of a chunked NLL (``chunked_nll``) predicts token i + 1. A row of T tokens copies its L =
+    ⌈(T − P)/2⌉ tokens after the prefix P at offset L, so token P + L + j equals token P + j. The copied half is the
+    targets t ∈ [P + L + skip, T), i.e. NLL positions i ∈ [P + L + skip − 1, T − 1), each at distance L from its
+    source P + (t − P − L). ``skip`` ≥ 1 leaves out the first copy (token P + L: nothing in the context marks where
+    the copy starts); a larger ``skip`` also leaves out the copies whose sources are the first P + skip tokens (the
+    ones a cache of StreamingLLM sinks keeps).
+    """
+    T = v.integer(OWNER, "length", length, minimum=3)
+    P = v.integer(OWNER, "prefix", prefix, minimum=0, maximum=T - 3)
+    L = (T - P + 1) // 2
+    skip = v.integer(OWNER, "skip", skip, minimum=1, maximum=T - P - L)
+    mask = torch.zeros(T - 1, dtype=torch.bool)
+    mask[P + L + skip - 1:] = True
+    return mask
+
+
+def copy_loss(nll: torch.Tensor, *, prefix: int = 0, skip: int = 1) -> torch.Tensor:
+    """Per-row mean NLL over the copied half (:func:`copied_half_mask`) of ``nll`` ∈ R^{b×(T−1)}: R^b."""
+    v.tensor(OWNER, "nll", nll, ndim=2)
+    return nll[:, copied_half_mask(nll.shape[1] + 1, prefix=prefix, skip=skip)].mean(1)
 
 
 def packed_passkey_rows(*, n: int, length: int, generator: torch.Generator, digits: int = KEY_DIGITS,

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                                                         knobs=kn).mean())
         r["lococo"] = []
         for st in comp_states:
-            comps = make_compressors(budget=M, **job["comp_kwargs"])
+            comps = make_compressors(budget=M, **job["comp_kwargs"], **job.get("budget_comp_kwargs", {}).get(M, {}))
             comps.load_state_dict(st)
             r["lococo"].append(float(single_shot_losses(model, ids, prefix=prefix, method="lococo", budget=M,
                                                         compressors=comps).mean()))
