@@ -15,13 +15,17 @@ from icml24.common.results import ClaimCheck, verdict
 from icml24.mola.experiment import (
     ARMS,
     CLAIMS,
+    CONFLICT_CHECK,
+    CONFLICT_GUARDS,
     MOLA_ARMS,
     N_TASKS,
     TUNING_GUARDS,
     Config,
     arm_grid,
+    build_arm,
     cosine_gap,
-    label_maps,
+    domain_heads,
+    input_maps,
     make_domains,
     nearest_centroid_task_acc,
     pretrained_backbone,
@@ -29,6 +33,7 @@ from icml24.mola.experiment import (
     stratified_batches,
     task_sum_ce,
     train_arm,
+    train_job,
     tune_arm,
 )
 from tests.shared_checker import check_results_file
@@ -58,7 +63,8 @@ def test_quick_run_outputs_and_check_kinds(quick_result):
     grad, twd, conflict, gates = res.claim_checks[:4]
     assert (grad.method_arm, grad.baseline_arm, twd.method_arm, twd.baseline_arm) == (
         "mola_grad", "hps", "mola_router_twd", "hps")
-    assert (conflict.method_arm, conflict.baseline_arm, conflict.threshold) == ("stl", "hps", 2.0)
+    assert (conflict.method_arm, conflict.baseline_arm, conflict.threshold) == ("stl", "hps", 0.0)
+    assert conflict.name == CONFLICT_CHECK
     assert [c.threshold for c in (grad, twd, gates)] == [0.0, 0.0, 0.1]
     v = res.verdict  # schema 3: claims_total counts the claims no failed guard voids
     assert v["claims_total"] + v["claims_void"] == 2 and v["mechanisms_total"] == 1
@@ -72,32 +78,63 @@ def test_quick_run_learns_and_counts_parameters(quick_result):
         assert res.summary[arm]["mean_acc"]["mean"] > 15.0, arm  # chance is 10%
     hps, grad = res.summary["hps"]["params"]["mean"], res.summary["mola_grad"]["params"]["mean"]
     h = Config.quick().hidden
-    assert grad - hps == N_TASKS * Config.quick().rank * ((40 + h) + (h + h) + (h + 10))
+    assert grad - hps == N_TASKS * Config.quick().rank * ((40 + h) + (h + h))  # experts on the two hidden layers
+    assert hps == (40 * h + h) + (h * h + h) + N_TASKS * (10 * h + 10)  # features + one head per domain
     assert "gate_task_acc" not in res.summary["hps"] and "gate_task_acc" in res.summary["mola_router_twd"]
 
 
-def test_label_maps_conflict_by_disjoint_swaps():
-    maps = label_maps(swaps=2)
-    assert maps.shape == (N_TASKS, 10) and maps[0].tolist() == list(range(10))
-    for pi in maps[1:]:
-        assert sorted(pi.tolist()) == list(range(10))  # a permutation
-        assert torch.equal(pi[pi], torch.arange(10))  # made of swaps (an involution)
-        assert int((pi != torch.arange(10)).sum()) == 4  # two pairs moved
-    assert len({tuple(p.tolist()) for p in maps}) == N_TASKS  # the domains disagree
-    assert label_maps(swaps=0).eq(torch.arange(10)).all()
+def test_input_maps_are_identity_then_fixed_permutations_or_rotations():
+    for kind in ("permute", "rotate"):
+        m = input_maps(kind)
+        assert m.shape == (N_TASKS, 40, 40) and torch.equal(m[0], torch.eye(40))
+        for md in m[1:]:
+            torch.testing.assert_close(md @ md.T, torch.eye(40), atol=1e-5, rtol=0)  # orthogonal
+            assert not torch.allclose(md, torch.eye(40))
+            if kind == "permute":
+                assert set(md.flatten().tolist()) == {0.0, 1.0} and md.sum(0).eq(1).all()
+        assert len({tuple(x.flatten().tolist()) for x in m}) == N_TASKS  # the domains differ
+        torch.testing.assert_close(m, input_maps(kind), rtol=0, atol=0)  # fixed
+    assert input_maps("none").eq(torch.eye(40)).all()
+    with pytest.raises(ValueError, match="conflict"):
+        input_maps("swap")
 
 
-def test_domains_offsets_labels_and_determinism():
-    d = make_domains(seed=0, num_samples=1000, offset=1.0, swaps=2)
+def test_domains_maps_offsets_labels_and_determinism():
+    from icml24.common.data import load_mnist1d
+    d = make_domains(seed=0, num_samples=1000, offset=1.0, conflict="permute")
     assert d.x_train.shape[1] == 40 and set(d.t_train.tolist()) == set(range(N_TASKS))
     counts = torch.bincount(d.t_test, minlength=N_TASKS)
     assert counts.max() - counts.min() <= 1
-    means = [float(d.x_train[d.t_train == t].mean()) for t in range(N_TASKS)]
-    assert np.allclose(np.diff(means), 1.0, atol=0.25)  # offset·(d − 1.5): one step per domain
-    maps = label_maps(swaps=2)
-    torch.testing.assert_close(d.y_train, maps[d.t_train, d.y0_train])
+    s = load_mnist1d(seed=0, val_fraction=0.2, num_samples=1000)
+    torch.testing.assert_close(d.y_train, s.y_train, rtol=0, atol=0)  # original labels: each domain has its head
+    z = (s.x_train - s.x_train.mean()) / s.x_train.std()
+    m = input_maps("permute")
+    for t in range(N_TASKS):  # domain t: M_t z + offset·(t − 1.5)
+        k = d.t_train == t
+        torch.testing.assert_close(d.x_train[k], z[k] @ m[t].T + (t - 1.5), atol=1e-5, rtol=0)
     d2 = make_domains(seed=0, num_samples=1000)
     torch.testing.assert_close(d.x_test, d2.x_test, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_every_arm_has_its_own_head_per_domain(arm):
+    cfg = Config(hidden=8)
+    data = make_domains(seed=0, num_samples=600)
+    bb = pretrained_backbone(data, Config(hidden=8, pretrain_epochs=1), 0)
+    net = build_arm(arm, bb, cfg)
+    heads = domain_heads(net)
+    assert len(heads) == N_TASKS and all(isinstance(h, torch.nn.Linear) for h in heads)
+    assert len({id(h.weight) for h in heads}) == N_TASKS  # distinct parameters, not one head shared
+    for h in heads:  # each starts from the pretrained head
+        torch.testing.assert_close(h.weight, bb[-1].weight, rtol=0, atol=0)
+    x, t = data.x_test[:64], data.t_test[:64]
+    for d, name in ((1, "bias"), (0, "weight"), (2, "weight")):  # a change to domain d's head (its weight or its
+        with torch.no_grad():                                       # bias) moves domain d's logits only
+            before = net(x, t)
+            getattr(heads[d], name).add_(1.0)
+            diff = (net(x, t) - before).abs().amax(1)
+        assert torch.all(diff[t != d] == 0), (d, name)
+        assert (diff[t == d].min() > 0.5) if name == "bias" else (diff[t == d].max() > 0), (d, name)
 
 
 def test_every_arm_gets_the_same_lr_grid_and_mola_arms_the_same_alpha_grid():
@@ -148,7 +185,8 @@ def test_quick_guards_name_exactly_their_claims(quick_result):
     res, _ = quick_result
     grad, twd, conflict, _gates, *tuning = res.claim_checks
     assert (grad.name, twd.name) == (CLAIMS["mola_grad"], CLAIMS["mola_router_twd"])
-    assert conflict.guards == [] and conflict.detail.startswith("the regime:")  # the regime guards every claim
+    assert conflict.guards == list(CONFLICT_GUARDS) == [grad.name, twd.name]  # the regime guards both claims
+    assert conflict.detail.startswith("the regime:")
     assert all(c.detail.startswith("tuning:") and c.guards == TUNING_GUARDS[c.method_arm] for c in tuning)
     assert {c.method_arm for c in tuning} == {"hps", "mola_grad", "mola_router_twd"}
     failed = {c.name for c in res.checks("sanity") if not c.passed}
@@ -164,8 +202,13 @@ def test_quick_guards_name_exactly_their_claims(quick_result):
         checks = [grad, twd, sanity(conflict, True), *(sanity(c, c.method_arm != arm) for c in tuning)]
         v = verdict(checks)
         assert [bool(c.void_by) for c in checks[:2]] == void and v["claims_void"] == sum(void)
+    # a failed conflict check (no regime) voids exactly the claims it names, both, with every tuning check passing
     checks = [grad, twd, sanity(conflict, False), *(sanity(c, True) for c in tuning)]
-    assert verdict(checks)["label"].startswith("inconclusive (0/2 testable)")
+    v = verdict(checks)
+    assert v["label"].startswith("inconclusive (0/2 testable)") and v["claims_void"] == 2
+    assert all(c.void_by == [CONFLICT_CHECK] for c in checks[:2])
+    checks = [grad, twd, sanity(conflict, True), *(sanity(c, True) for c in tuning)]
+    assert verdict(checks)["claims_void"] == 0 and not any(c.void_by for c in checks[:2])
 
 
 def test_same_seed_same_numbers():
@@ -176,6 +219,15 @@ def test_same_seed_same_numbers():
     b = train_arm("mola_router_twd", data, cfg, 3, backbone=bb, lr=1e-3)
     assert a["metrics"] == b["metrics"]
     torch.testing.assert_close(a["gates_test"], b["gates_test"], rtol=0, atol=0)
+
+
+def test_train_job_equals_train_arm_and_keeps_gates_of_the_first_seed_only():
+    cfg = Config(seeds=(3, 4), num_samples=600, hidden=8, epochs=1, pretrain_epochs=1, workers=1)
+    a = train_job(cfg, ("mola_router", 4, 1e-3, 1.0))
+    data = make_domains(seed=4, num_samples=600, offset=cfg.offset, conflict=cfg.conflict)
+    b = train_arm("mola_router", data, cfg, 4, backbone=pretrained_backbone(data, cfg, 4), lr=1e-3, alpha_over_r=1.0)
+    assert a["metrics"] == b["metrics"] and "gates_test" not in a
+    assert "gates_test" in train_job(cfg, ("mola_router", 3, 1e-3, 1.0))
 
 
 def test_stratified_batches_balance_tasks_and_cover_every_sample():
@@ -214,7 +266,8 @@ def test_gate_separability_metrics():
     (dict(alpha_over_r=(4.0,)), "alpha_over_r must hold >= 2"),
     (dict(lrs=(1e-3, 1e-3)), "lrs must hold >= 2"),
     (dict(grid_extra=-1), "grid_extra"),
-    (dict(swaps=6), "swaps"),
+    (dict(conflict="swap"), "conflict must be one of"),
+    (dict(workers=0), "workers"),
 ])
 def test_config_validation(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -225,3 +278,13 @@ def test_config_cli_overrides():
     cfg = Config.quick().with_overrides({"rank": "8", "tau": "0.5", "seeds": "1,2"})
     assert cfg.rank == 8 and cfg.tau == 0.5 and cfg.seeds == (1, 2)
     assert Config().threads == 1 and len(Config().seeds) == 5
+
+
+@pytest.mark.slow
+def test_run_gives_the_same_numbers_in_one_or_two_processes(tmp_path):
+    set_quiet(True)
+    cfg = Config(seeds=(0, 1), num_samples=600, hidden=8, pretrain_epochs=1, epochs=1, lrs=(3e-3, 1e-2),
+                 grid_extra=0, workers=1)
+    one = run(cfg, tmp_path / "one")
+    two = run(cfg.with_overrides({"workers": "2"}), tmp_path / "two")
+    assert one.per_seed == two.per_seed
