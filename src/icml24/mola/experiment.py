@@ -524,7 +524,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
     tuning = {arm: tune_arm(arm, cfg, point_of(arm)) for arm in progress(ARMS, desc=SLUG)}
     best = {a: (t["lr"].value, t["alpha_over_r"].value if t["alpha_over_r"] else cfg.alpha_over_r[0])
             for a, t in tuning.items()}
-    first_t = seed_setup(cfg, cfg.seeds[0])[0].t_test.cpu().numpy()
+    first_t = make_domains(seed=cfg.seeds[0], num_samples=cfg.num_samples, offset=cfg.offset,
+                           conflict=cfg.conflict).t_test.numpy()  # the domain ids only (no pretraining here)
     for seed in cfg.seeds:
         rec.add_seed(seed, {a: results[a][best[a]][seed]["metrics"] for a in ARMS})
     s = rec.summary()
