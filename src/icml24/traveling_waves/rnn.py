@@ -8,6 +8,7 @@ initialisation, Adam lr 1e-3, gradient-norm clip 1.0, batch 64).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,30 @@ __all__ = ["ElmanRNN", "LSTMNet", "orthogonal_rnn", "wave_init_rnn", "TrainResul
 _OWNER = "traveling_waves"
 
 
-class ElmanRNN(nn.Module):
+class _Recurrent(nn.Module):
+    """A batch-first ``self.rnn`` read out by ``self.readout``: the interface both networks share."""
+
+    def __init__(self, *, d: int, hidden: int, rnn: Callable[[int, int], nn.RNNBase]) -> None:
+        super().__init__()
+        self.d = v.integer(_OWNER, "d", d, minimum=1)
+        self.hidden = v.integer(_OWNER, "hidden", hidden, minimum=1)
+        self.rnn = rnn(self.d, self.hidden)
+        self.readout = nn.Linear(self.hidden, self.d, bias=False)
+
+    def hidden_states(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden trajectory h(0..T-1), shape (B, T, H), from h(-1) = 0."""
+        v.tensor(_OWNER, "x", x, ndim=3, floating=True)
+        if x.shape[-1] != self.d:
+            raise ValueError(f"{_OWNER}: x must have {self.d} features, got shape {tuple(x.shape)}")
+        h, _ = self.rnn(x)
+        return h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Outputs ŷ(0..T-1), shape (B, T, d)."""
+        return self.readout(self.hidden_states(x))
+
+
+class ElmanRNN(_Recurrent):
     """tanh Elman RNN without biases: h(t) = tanh(W_hh h(t-1) + W_uh x(t)), ŷ(t) = W_r h(t).
 
     Args:
@@ -33,12 +57,8 @@ class ElmanRNN(nn.Module):
     """
 
     def __init__(self, *, d: int, hidden: int) -> None:
-        super().__init__()
-        d = v.integer(_OWNER, "d", d, minimum=1)
-        hidden = v.integer(_OWNER, "hidden", hidden, minimum=1)
-        self.d, self.hidden = d, hidden
-        self.rnn = nn.RNN(d, hidden, nonlinearity="tanh", bias=False, batch_first=True)
-        self.readout = nn.Linear(hidden, d, bias=False)
+        super().__init__(d=d, hidden=hidden, rnn=lambda d, h: nn.RNN(d, h, nonlinearity="tanh", bias=False,
+                                                                      batch_first=True))
 
     @property
     def W_hh(self) -> torch.Tensor:
@@ -55,20 +75,8 @@ class ElmanRNN(nn.Module):
         """Readout matrix (d, H)."""
         return self.readout.weight
 
-    def hidden_states(self, x: torch.Tensor) -> torch.Tensor:
-        """Hidden trajectory h(0..T-1), shape (B, T, H), from h(-1) = 0."""
-        v.tensor(_OWNER, "x", x, ndim=3, floating=True)
-        if x.shape[-1] != self.d:
-            raise ValueError(f"{_OWNER}: x must have {self.d} features, got shape {tuple(x.shape)}")
-        h, _ = self.rnn(x)
-        return h
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Outputs ŷ(0..T-1), shape (B, T, d)."""
-        return self.readout(self.hidden_states(x))
-
-
-class LSTMNet(nn.Module):
+class LSTMNet(_Recurrent):
     """LSTM baseline with the Elman RNN's interface: h(t) = LSTM(x(≤t)), ŷ(t) = W_r h(t) (PyTorch default init,
     gate biases included; readout without bias, as the Elman RNN's).
 
@@ -78,24 +86,7 @@ class LSTMNet(nn.Module):
     """
 
     def __init__(self, *, d: int, hidden: int) -> None:
-        super().__init__()
-        d = v.integer(_OWNER, "d", d, minimum=1)
-        hidden = v.integer(_OWNER, "hidden", hidden, minimum=1)
-        self.d, self.hidden = d, hidden
-        self.rnn = nn.LSTM(d, hidden, batch_first=True)
-        self.readout = nn.Linear(hidden, d, bias=False)
-
-    def hidden_states(self, x: torch.Tensor) -> torch.Tensor:
-        """Hidden trajectory h(0..T-1), shape (B, T, H), from h(-1) = c(-1) = 0."""
-        v.tensor(_OWNER, "x", x, ndim=3, floating=True)
-        if x.shape[-1] != self.d:
-            raise ValueError(f"{_OWNER}: x must have {self.d} features, got shape {tuple(x.shape)}")
-        h, _ = self.rnn(x)
-        return h
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Outputs ŷ(0..T-1), shape (B, T, d)."""
-        return self.readout(self.hidden_states(x))
+        super().__init__(d=d, hidden=hidden, rnn=lambda d, h: nn.LSTM(d, h, batch_first=True))
 
 
 def orthogonal_rnn(*, d: int, hidden: int, generator: torch.Generator | None = None) -> ElmanRNN:
