@@ -14,6 +14,7 @@ from icml24.lococo.cache import make_compressors
 from icml24.lococo.data import copied_half_mask, copy_loss, repeat_batch
 from icml24.lococo.experiment import (
     H2O_BOUND_ARM,
+    STRICT,
     Config,
     knob_grid,
     lococo_knobs,
@@ -246,7 +247,7 @@ def test_trained_vs_untrained_guard_is_the_paired_copy_gap_and_guards_its_budget
         diffs = [p["metrics"]["lococo"][f"copy_M{M}"] - p["metrics"]["lococo_untrained"][f"copy_M{M}"]
                  for p in d["per_seed"]]
         assert g.measured == pytest.approx(float(np.mean(diffs)), abs=1e-12) and g.n == len(cfg.seeds)
-        assert g.direction == "<=" and g.threshold == 0.0 and g.passed == (g.ci_high < 0.0)
+        assert g.direction == "<=" and g.threshold == -STRICT and g.passed == (g.ci_high <= -STRICT)
         void_by = next(c["void_by"] for c in d["claim_checks"] if c["name"] == claim.name)
         assert g.guards == [claim.name] and (g.passed or g.name in void_by)
         assert all(dd != 0.0 for dd in diffs)  # the control is a separate, untrained copy of the same init
@@ -285,3 +286,14 @@ def test_tune_lococo_tunes_r_then_local_len_with_the_baselines_budget():
     assert t["knobs"] == lococo_knobs(cfg, M, 1.0, 0.25) == {"hh_keep_rate": 1.0, "local_len": 8}
     assert len(seen) == len({tuple(sorted(k.items())) for k in seen}) == len(t["evaluated"])  # each trained once
     assert {"hh_keep_rate": 1.0, "local_len": 0} in seen and len(seen) == 6  # 3 + 1 extension, then 2 new ℓ
+
+
+def test_identical_arms_never_beat_each_other():
+    """A zero-width interval at 0 (trained = untrained, e.g. r = 1 leaves no fused slot) fails every "beats" check."""
+    from icml24.common.results import paired_check
+
+    c = paired_check(name="g", metric="m", method=[4.5] * 5, baseline=[4.5] * 5, direction="<=", threshold=-STRICT,
+                     kind="sanity")
+    assert not c.passed and c.ci_high == 0.0
+    assert paired_check(name="g", metric="m", method=[4.4, 4.41, 4.39, 4.4, 4.4], baseline=[4.5] * 5,
+                        direction="<=", threshold=-STRICT, kind="sanity").passed

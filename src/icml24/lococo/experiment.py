@@ -60,6 +60,10 @@ from icml24.lococo.model import chunked_nll, pretrain, tiny_llama, train_compres
 SLUG = "lococo"
 BASELINES = ("streaming", "h2o", "tova")
 H2O_BOUND_ARM = "lococo_lambda0"  # H2O with recent = 0 and last-chunk scores keeps the same tokens (tested)
+# "beats" is strict (the declared rule: CI upper end < 0): a check on a loss difference passes only when the upper
+# end is below −STRICT, so two identical arms (a zero-width interval at 0) never "beat" each other; 1e-6 nats is
+# the float32 resolution of a loss of ~4.5, far below any difference the intervals here resolve
+STRICT = 1e-6
 
 
 @dataclass(frozen=True)
@@ -616,7 +620,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         no_conv = r["lococo_knobs"]["hh_keep_rate"] >= 1.0
         checks.append(rec.paired(
             name=claim, metric=f"copy_M{M}", method_arm="lococo", baseline_arm="best_baseline", direction="<=",
-            threshold=0.0, kind="claim", paper_value="LoCoCo beats H2O/StreamingLLM/TOVA at equal cache size",
+            threshold=-STRICT, kind="claim", paper_value="LoCoCo beats H2O/StreamingLLM/TOVA at equal cache size",
             reduces_to="best_baseline" if no_conv else None,
             detail=f"best tuned baseline (validation): {bb}; tuned knobs: {r['tuned']}; LoCoCo's tuned knobs: "
                    f"{r['lococo_knobs']}"
@@ -625,7 +629,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                    + "; validation losses: " + ", ".join(f"{p}={r['val_best'][p]:.4f}" for p in BASELINES)))
         checks.append(rec.paired(
             name=f"M={M}: trained λ and conv beat λ = 0 (pure selection at the tuned knobs)", metric=f"copy_M{M}",
-            method_arm="lococo", baseline_arm="lococo_lambda0", direction="<=", threshold=0.0, kind="mechanism",
+            method_arm="lococo", baseline_arm="lococo_lambda0", direction="<=", threshold=-STRICT, kind="mechanism",
             paper_value="token dropping is the special case W one-hot (paper §3)"))
         full_copy = float(np.mean(full["copy"]))
         checks.append(ClaimCheck(
@@ -645,13 +649,13 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                    f"StreamingLLM ({r['tuned']['streaming']}): {st_copy:.4f} nats/byte (chance ln 95 = 4.554)"))
         tr = rec.paired(
             name=f"M={M}: the trained compressor beats the untrained one (training moved it)", metric=f"copy_M{M}",
-            method_arm="lococo", baseline_arm="lococo_untrained", direction="<=", threshold=0.0, kind="sanity",
+            method_arm="lococo", baseline_arm="lococo_untrained", direction="<=", threshold=-STRICT, kind="sanity",
             guards=[claim])
         tr.detail = ("training: LoCoCo's compressors after training have a lower copied-half loss than the same "
                      "init untrained (paired over seeds), so the claim tests a trained compressor. " + tr.detail)
         checks.append(tr)
         neg = rec.paired(name="control", metric=f"copy_M{M}", method_arm="lococo_untrained",
-                         baseline_arm="best_baseline", direction="<=", threshold=0.0, kind="claim")
+                         baseline_arm="best_baseline", direction="<=", threshold=-STRICT, kind="claim")
         checks.append(ClaimCheck(
             name=f"M={M}: the claim rejects LoCoCo with an untrained conv (negative control)",
             metric=f"copy_M{M}", measured=float(not neg.passed), threshold=1.0, direction=">=", kind="sanity",
