@@ -20,6 +20,8 @@ from icml24.lococo import (
     tiny_llama,
     tova_keep,
 )
+from icml24.lococo.cache import DEFAULT_BUFFER
+from tests.lococo.exact import exact_cache
 
 DT = torch.float64
 
@@ -96,13 +98,30 @@ def test_lambda_zero_is_top_score_selection_and_equals_h2o():
 @pytest.mark.parametrize("T", [37, 130, 301])
 def test_cache_length_stays_within_budget_plus_chunk(model, policy, T):
     M, B = 16, 12
-    cache = LoCoCoCache.from_model(model, policy=policy, budget=M, compressors=_comps(model, M, B), n_sink=2,
-                                   recent=4)
+    cache = exact_cache(model, policy=policy, budget=M, compressors=_comps(model, M, B), n_sink=2,
+                        recent=4)
     with torch.no_grad():
         for j, _ in _run_chunks(model, _ids(2, T), cache, B):
             assert max(cache.lengths) <= M + B
             assert cache.get_seq_length() == min(j + B, T)  # positions count every token seen
     assert min(cache.lengths) >= min(M, T)
+
+
+def test_the_default_buffer_compresses_once_every_16_decoded_tokens(model):
+    M, B = 16, 8
+    cache = LoCoCoCache.from_model(model, policy="streaming", budget=M, n_sink=2)
+    assert cache.buffer == DEFAULT_BUFFER == 16
+    ids = _ids(1, 80)
+    seen = []
+    with torch.no_grad():
+        model(input_ids=ids[:, :B], past_key_values=cache, use_cache=True)
+        for t in range(B, 80):  # one token at a time, as generate() decodes
+            model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            seen.append(max(cache.lengths))
+    assert max(seen) <= M + DEFAULT_BUFFER + 1 and max(seen) > M + 1  # it buffers instead of compressing
+    assert min(seen[len(seen) // 2:]) <= M + 1  # and it does compress back to about M
+    n = cache.layers[0].n_compressions
+    assert 0 < n <= (80 - B) // DEFAULT_BUFFER + 1
 
 
 @pytest.mark.parametrize("T", [16, 40, 48])
@@ -111,7 +130,7 @@ def test_shorter_than_budget_is_exactly_full_attention(model, T):
     with torch.no_grad():
         ref = model(input_ids=_ids(2, T)).logits
         for policy in ("lococo", "h2o", "tova", "streaming"):
-            cache = LoCoCoCache.from_model(model, policy=policy, budget=M, compressors=_comps(model, M, B))
+            cache = exact_cache(model, policy=policy, budget=M, compressors=_comps(model, M, B))
             *_, (_, out) = _run_chunks(model, _ids(2, T), cache, B)
             torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
             assert all(layer.n_compressions == 0 for layer in cache.layers)
@@ -121,15 +140,15 @@ def test_full_cache_chunked_equals_plain_forward_and_generate(model):
     ids = _ids(2, 70)
     with torch.no_grad():
         ref = model(input_ids=ids).logits
-        *_, (_, out) = _run_chunks(model, ids, LoCoCoCache.from_model(model, policy="full"), 16)
+        *_, (_, out) = _run_chunks(model, ids, exact_cache(model, policy="full"), 16)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     from transformers import DynamicCache
 
     kw = dict(max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(ids[:, :30]))
     g1 = model.generate(ids[:, :30], past_key_values=DynamicCache(config=model.config), **kw)
-    g2 = model.generate(ids[:, :30], past_key_values=LoCoCoCache.from_model(model, policy="full"), **kw)
+    g2 = model.generate(ids[:, :30], past_key_values=exact_cache(model, policy="full"), **kw)
     assert torch.equal(g1, g2)
-    cache = LoCoCoCache.from_model(model, policy="lococo", budget=8, compressors=_comps(model, 8, 30))
+    cache = exact_cache(model, policy="lococo", budget=8, compressors=_comps(model, 8, 30))
     g3 = model.generate(ids[:, :30], past_key_values=cache, **kw)
     assert g3.shape == g1.shape and max(cache.lengths) <= 8 + 1 and cache.get_seq_length() == 41
 
@@ -186,7 +205,7 @@ def test_hf_integration_matches_an_independent_reference_under_compression(model
     ids = _ids(2, 75)
     with torch.no_grad():
         ref = _reference_chunked_logits(model, comps, ids, M, B)
-        cache = LoCoCoCache.from_model(model, policy="lococo", budget=M, compressors=comps)
+        cache = exact_cache(model, policy="lococo", budget=M, compressors=comps)
         *_, (_, out) = _run_chunks(model, ids, cache, B)
     assert all(layer.n_compressions > 0 for layer in cache.layers)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)  # HF computes RoPE angles in float32
@@ -199,8 +218,8 @@ def test_lag_false_gives_the_same_logits_with_at_most_budget_at_rest(model):
     comps = _comps(model, M, B)
     ids = _ids(1, 75)
     with torch.no_grad():
-        *_, (_, a) = _run_chunks(model, ids, LoCoCoCache.from_model(model, budget=M, compressors=comps), B)
-        c2 = LoCoCoCache.from_model(model, budget=M, compressors=comps, lag=False)
+        *_, (_, a) = _run_chunks(model, ids, exact_cache(model, budget=M, compressors=comps), B)
+        c2 = exact_cache(model, budget=M, compressors=comps, lag=False)
         for _, b in _run_chunks(model, ids, c2, B):  # noqa: B007 — b: the last chunk's logits, used below
             assert max(c2.lengths) <= M
     torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
@@ -210,9 +229,9 @@ def test_lambda_zero_cache_equals_h2o_cache(model):
     M, B = 16, 12
     ids = _ids(2, 80)
     with torch.no_grad():
-        *_, (_, a) = _run_chunks(model, ids, LoCoCoCache.from_model(
+        *_, (_, a) = _run_chunks(model, ids, exact_cache(
             model, budget=M, compressors=_comps(model, M, B, lam=0.0, learn=False)), B)
-        *_, (_, b) = _run_chunks(model, ids, LoCoCoCache.from_model(model, policy="h2o", budget=M, recent=0), B)
+        *_, (_, b) = _run_chunks(model, ids, exact_cache(model, policy="h2o", budget=M, recent=0), B)
     torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
@@ -220,10 +239,10 @@ def test_cached_keys_are_rope_at_absolute_positions(model):
     M, B = 16, 12
     ids = _ids(1, 90)
     with torch.no_grad():
-        full = LoCoCoCache.from_model(model, policy="full")
+        full = exact_cache(model, policy="full")
         model(input_ids=ids, past_key_values=full, use_cache=True)
         for policy in ("lococo", "streaming", "h2o"):
-            cache = LoCoCoCache.from_model(model, policy=policy, budget=M, compressors=_comps(model, M, B))
+            cache = exact_cache(model, policy=policy, budget=M, compressors=_comps(model, M, B))
             for _ in _run_chunks(model, ids, cache, B):
                 lay = cache.layers[0]  # layer 0's keys depend on the tokens only
                 pos = lay.pos
@@ -238,7 +257,7 @@ def test_gradient_reaches_the_compressor_only_through_the_current_chunk(model):
     M, B = 16, 12
     comps = _comps(model, M, B)
     ids = _ids(1, 60)
-    cache = LoCoCoCache.from_model(model, budget=M, compressors=comps)
+    cache = exact_cache(model, budget=M, compressors=comps)
     lam = comps[0].rho
     for j in range(0, 60, B):
         before = copy.deepcopy([(lay.keys, lay.values, lay.pos, lay.scores, lay.seen) for lay in cache.layers])
@@ -255,7 +274,7 @@ def test_gradient_reaches_the_compressor_only_through_the_current_chunk(model):
         # finite difference of THIS chunk's loss in ρ with the cache state before the chunk held fixed
         fd = []
         for eps in (1e-3, -1e-3):  # HF's RMSNorm runs in float32, so not smaller
-            c2 = LoCoCoCache.from_model(model, budget=M, compressors=comps)
+            c2 = exact_cache(model, budget=M, compressors=comps)
             for lay, st in zip(c2.layers, before, strict=True):
                 lay.keys, lay.values, lay.pos, lay.scores, lay.seen = st
                 lay.lazy_initialization(st[0], st[1])
@@ -271,7 +290,7 @@ def test_gradient_reaches_the_compressor_only_through_the_current_chunk(model):
 # ---------------------------------------------------------------- eviction rules
 def test_streaming_llm_keeps_sinks_and_recent_window(model):
     assert streaming_keep(20, 8, 3).tolist() == [0, 1, 2, 15, 16, 17, 18, 19]
-    cache = LoCoCoCache.from_model(model, policy="streaming", budget=10, n_sink=4)
+    cache = exact_cache(model, policy="streaming", budget=10, n_sink=4)
     with torch.no_grad():
         for _ in _run_chunks(model, _ids(1, 64), cache, 8):
             pass
@@ -291,7 +310,7 @@ def test_h2o_and_tova_keep_the_tokens_their_rules_name():
 def test_h2o_cache_keeps_top_scores_and_accumulates_when_asked(model):
     M, B = 10, 8
     for acc in (False, True):
-        cache = LoCoCoCache.from_model(model, policy="h2o", budget=M, recent=2, accumulate_scores=acc)
+        cache = exact_cache(model, policy="h2o", budget=M, recent=2, accumulate_scores=acc)
         with torch.no_grad():
             for _j, _ in _run_chunks(model, _ids(1, 40), cache, B):
                 lay = cache.layers[1]
@@ -332,33 +351,33 @@ def test_bad_input_raises_before_compute(model):
     with pytest.raises(ValueError, match="lambda_init"):
         LoCoCoCompressor(head_dim=8, budget=16, lambda_init=1.2)
     with pytest.raises(ValueError, match="head_dim"):
-        LoCoCoCache.from_model(model, budget=16, compressors=make_compressors(num_layers=2, head_dim=8, budget=16,
+        exact_cache(model, budget=16, compressors=make_compressors(num_layers=2, head_dim=8, budget=16,
                                                                                 chunk_size=16, kernel_size=3))
     with pytest.raises(ValueError, match="one compressor per layer"):
-        LoCoCoCache.from_model(model, budget=16)
+        exact_cache(model, budget=16)
     k, v, s = _kvs(d=8)
     with pytest.raises(ValueError, match="head dim"):
         LoCoCoCompressor(head_dim=16, budget=16, kernel_size=3).to(DT)(k, v, s)
     sdpa = tiny_llama(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, attn_implementation="sdpa")
     with pytest.raises(ValueError, match="attn_implementation='lococo'"):
-        LoCoCoCache.from_model(sdpa, policy="h2o", budget=16)
+        exact_cache(sdpa, policy="h2o", budget=16)
     cache = LoCoCoCache(num_layers=2, num_kv_heads=2, head_dim=16, policy="h2o", budget=8)
     sdpa(input_ids=_ids(1, 8), past_key_values=cache, use_cache=True)
     with pytest.raises(RuntimeError, match="attn_implementation='lococo'"):
         sdpa(input_ids=_ids(1, 8), past_key_values=cache, use_cache=True)
     with pytest.raises(ValueError, match="policy"):
-        LoCoCoCache.from_model(model, policy="snap")
+        exact_cache(model, policy="snap")
 
 
 def test_padded_attention_mask_is_refused_and_an_all_ones_mask_changes_nothing(model):
     ids = _ids(2, 12)
-    plain = model(input_ids=ids, past_key_values=LoCoCoCache.from_model(model, policy="full", budget=16),
+    plain = model(input_ids=ids, past_key_values=exact_cache(model, policy="full", budget=16),
                   use_cache=True).logits
     ones = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
-                 past_key_values=LoCoCoCache.from_model(model, policy="full", budget=16)).logits
+                 past_key_values=exact_cache(model, policy="full", budget=16)).logits
     torch.testing.assert_close(ones, plain, rtol=0, atol=0)
     padded = torch.ones_like(ids)
     padded[1, :3] = 0
     with pytest.raises(ValueError, match=r"padding \(zeros\) in batch rows \[1\]"):
         model(input_ids=ids, attention_mask=padded, use_cache=True,
-              past_key_values=LoCoCoCache.from_model(model, policy="full", budget=16))
+              past_key_values=exact_cache(model, policy="full", budget=16))

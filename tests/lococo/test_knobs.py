@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from icml24.lococo import LoCoCoCache, LoCoCoCompressor, h2o_keep, make_compressors, tiny_llama
+from icml24.lococo import LoCoCoCompressor, h2o_keep, make_compressors, tiny_llama
+from tests.lococo.exact import exact_cache
 
 DT = torch.float64
 
@@ -80,7 +81,7 @@ def test_local_len_in_the_cache(model):
     M, B, ell = 16, 8, 5
     comps = make_compressors(num_layers=2, head_dim=16, budget=M, chunk_size=B, kernel_size=5, local_len=ell,
                              seed=0).to(DT)
-    cache = LoCoCoCache.from_model(model, policy="lococo", budget=M, compressors=comps)
+    cache = exact_cache(model, policy="lococo", budget=M, compressors=comps)
     assert cache.local_len == ell
     n = 0
     with torch.no_grad():
@@ -95,9 +96,9 @@ def test_local_len_in_the_cache(model):
                 n += 1
     assert n > 0
     with pytest.raises(ValueError, match="does not match the compressors' local_len=5"):
-        LoCoCoCache.from_model(model, policy="lococo", budget=M, compressors=comps, local_len=2)
+        exact_cache(model, policy="lococo", budget=M, compressors=comps, local_len=2)
     with pytest.raises(ValueError, match="H2O's local window is recent"):
-        LoCoCoCache.from_model(model, policy="h2o", budget=M, local_len=2)
+        exact_cache(model, policy="h2o", budget=M, local_len=2)
     with pytest.raises(ValueError, match=r"local_len \(9\) must be <= the heavy-hitter slots m_hh"):
         LoCoCoCompressor(head_dim=8, budget=16, local_len=9)
     with pytest.raises(ValueError, match="local_len must be an int >= 0"):
@@ -109,7 +110,7 @@ def test_h2o_accumulated_scores_are_the_sum_over_every_chunk(model):
     """Each kept token's accumulated score is the attention it received summed over every chunk since it arrived
     (tracked here by absolute position), and H2O then keeps the top of those sums, not of the last chunk's."""
     M, B, T = 10, 6, 60
-    cache = LoCoCoCache.from_model(model, policy="h2o", budget=M, recent=2, accumulate_scores=True)
+    cache = exact_cache(model, policy="h2o", budget=M, recent=2, accumulate_scores=True)
     ref = torch.zeros(1, 2, T, dtype=torch.float32)  # Σ over chunks of the attention received, per position
     differs = 0
     with torch.no_grad():

@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent('''
     ids = torch.randint(0, 256, (2, L), generator=torch.Generator().manual_seed(0))
 
     def ours(policy, **kw):
-        c = LoCoCoCache.from_model(model, policy=policy, budget=M, prefill_chunk_size=None, **kw)  # one shot
+        c = LoCoCoCache.from_model(model, policy=policy, budget=M, prefill_chunk_size=None, buffer=0, **kw)  # one shot
         with torch.no_grad():
             model(input_ids=ids, past_key_values=c, use_cache=True)
         return c

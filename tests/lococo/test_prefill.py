@@ -45,6 +45,7 @@ def _cache(model, policy, **kw):
         comps = make_compressors(num_layers=model.config.num_hidden_layers, head_dim=_head_dim(model), budget=M,
                                  chunk_size=B, kernel_size=5, seed=0).to(DT)
     knobs = {"h2o": {"recent": 4, "accumulate_scores": True}, "streaming": {"n_sink": 2}}.get(policy, {})
+    kw.setdefault("buffer", 0)  # exactly M slots after every chunk (the API default buffers 16 tokens)
     return LoCoCoCache.from_model(model, policy=policy, budget=M, compressors=comps, **knobs, **kw)
 
 

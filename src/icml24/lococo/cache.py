@@ -287,6 +287,9 @@ class BudgetLayer(_cache_layer_base()):
         raise NotImplementedError(f"{OWNER}: LoCoCoCache cannot be cropped (compressed slots have no position)")
 
 
+DEFAULT_BUFFER = 16  # repo default; compressing on every decoded token costs ~3x the decode time (benchmarks)
+
+
 class LoCoCoCache(_require_transformers().Cache):
     """Fixed-budget KV cache (``transformers.Cache``) for chunked prefill, training and ``generate()``.
 
@@ -297,7 +300,8 @@ class LoCoCoCache(_require_transformers().Cache):
         policy: ``"lococo"`` (conv fusion), ``"streaming"`` (StreamingLLM), ``"h2o"``, ``"tova"`` or ``"full"``.
         budget: M, the memory slots kept per layer and head.
         compressors: one :class:`LoCoCoCompressor` per layer (policy ``"lococo"``).
-        buffer: compress only when the cache exceeds M + buffer (repo: 16; ours 0).
+        buffer: compress only when the cache exceeds M + buffer (default and repo: 16, so decoding compresses once
+            every 16 tokens; 0 compresses on every token and keeps exactly M slots, as the experiment does).
         lag: True: compress [memory ; previous chunk] when the next chunk arrives (repo); False: right after.
         n_sink: StreamingLLM sink tokens (the rest of the budget is the recent window).
         recent: H2O's recent window (the rest of the budget goes to heavy hitters).
@@ -317,7 +321,7 @@ class LoCoCoCache(_require_transformers().Cache):
 
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, policy: str = "lococo",
                  budget: int = 64, compressors: nn.ModuleList | list[LoCoCoCompressor] | None = None,
-                 buffer: int = 0, lag: bool = True, n_sink: int = 4, recent: int = 0,
+                 buffer: int = DEFAULT_BUFFER, lag: bool = True, n_sink: int = 4, recent: int = 0,
                  accumulate_scores: bool = False, tova_per_head: bool = False, local_len: int | None = None,
                  prefill_chunk_size: int | str | None = "auto", attn_implementation: str | None = None) -> None:
         self.policy = v.one_of(OWNER, "policy", policy, POLICIES)

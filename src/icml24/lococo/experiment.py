@@ -297,6 +297,10 @@ def _claim_name(M: int) -> str:
     return f"M={M}: LoCoCo's copied-half loss is below the best tuned eviction baseline's"
 
 
+# The experiment keeps exactly M slots after every chunk (the API's default buffers 16 extra tokens).
+EXACT = {"buffer": 0}
+
+
 @torch.no_grad()
 def _nll(model, ids: torch.Tensor, *, chunk: int, cache_kwargs: dict | None, batch: int = 32) -> torch.Tensor:
     """Chunked per-token NLL ∈ R^{n×(T−1)} through one cache per batch (cache_kwargs None: one full pass)."""
@@ -308,7 +312,7 @@ def _nll(model, ids: torch.Tensor, *, chunk: int, cache_kwargs: dict | None, bat
             out.append(chunked_nll(model, x, chunk_size=T, make_cache=None))
         else:
             out.append(chunked_nll(model, x, chunk_size=chunk,
-                                   make_cache=lambda: LoCoCoCache.from_model(model, **cache_kwargs)))
+                                   make_cache=lambda: LoCoCoCache.from_model(model, **EXACT, **cache_kwargs)))
     return torch.cat(out)
 
 
@@ -328,7 +332,7 @@ def copy_losses(model, ids: torch.Tensor, *, skip: int, chunk: int, cache_kwargs
 def passkey_accuracy(model, ids: torch.Tensor, answer: int, *, chunk: int, cache_kwargs: dict | None) -> float:
     """Fraction of samples whose answer digits are all the argmax of the chunked forward."""
     T = ids.shape[1]
-    make = None if cache_kwargs is None else (lambda: LoCoCoCache.from_model(model, **cache_kwargs))
+    make = None if cache_kwargs is None else (lambda: LoCoCoCache.from_model(model, **EXACT, **cache_kwargs))
     cache = make() if make else None
     logits = []
     for j in range(0, T, chunk if make else T):
@@ -398,7 +402,8 @@ def train_lococo(cfg: Config, model, M: int, knobs: dict[str, Any], seed: int, *
     seed_everything(seed)
     curve = train_compressors(model, comps, _batches(cfg, stdlib_documents()["train"], n=cfg.comp_batch,
                                                      seed=100 + seed),
-                              steps=cfg.comp_steps, chunk_size=cfg.chunk, lr=cfg.comp_lr, cache_kwargs={"budget": M},
+                              steps=cfg.comp_steps, chunk_size=cfg.chunk, lr=cfg.comp_lr,
+                              cache_kwargs={"budget": M, **EXACT},
                               desc=desc or f"{SLUG} compressor M={M} seed={seed}")
     return comps, curve
 

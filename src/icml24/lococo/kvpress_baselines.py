@@ -81,7 +81,7 @@ def single_shot_losses(model, ids: torch.Tensor, *, prefix: int, method: str, bu
         cache, prev_logits = press_prefill(model, head, make_press(method, length=prefix, budget=budget, **knobs))
     else:
         pol = "full" if method == "full" else method
-        cache = LoCoCoCache.from_model(model, policy=pol, budget=budget, compressors=compressors,
+        cache = LoCoCoCache.from_model(model, policy=pol, budget=budget, compressors=compressors, buffer=0,
                                        prefill_chunk_size=None, **knobs)  # one-shot prefill, then compress once
         prev_logits = model(input_ids=head, past_key_values=cache, use_cache=True).logits[:, -1:]
         cache.compress_now()
