@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+import icml24.next_gpt.experiment as E
 from icml24.next_gpt.experiment import CLAIM_IMPLICIT, CLAIM_SELECTION, CLAIMS_OF_ARM, Config, run
 from tests.shared_checker import check_results_file
 
@@ -17,7 +18,7 @@ REDUCED = dict(llm_steps=20, encoder_steps=5, decoder_steps=5, decoder_channels=
                llm_hidden=32, projector_hidden=16, stage1_steps=4, stage2_steps=4, stage3_steps=4, batch=4, n_eval=2,
                n_dialogues=1, ddim_steps=2)
 ARMS = {"signal", "pipeline", "stage2_icl", "stage2_icl_redraw", "stage1_icl", "untrained_proj", "gold", "stage1",
-        "stage2"}
+        "stage2", "best_text"}
 
 
 def test_reduced_quick_run_end_to_end_writes_a_schema_3_result_the_checker_accepts(tmp_path):
@@ -38,6 +39,15 @@ def test_reduced_quick_run_end_to_end_writes_a_schema_3_result_the_checker_accep
         assert c["ci_low"] <= c["measured"] <= c["ci_high"]
     assert d["verdict"]["claims_total"] + d["verdict"]["claims_void"] == 2
     assert res.extra["frozen_hashes_identical"] == [1.0, 1.0]  # the frozen parts stayed frozen in every arm
+    tb = d["extra"]["tuned"]["text_baseline"]  # claim 2's baseline: the text-side arm picked on validation
+    assert tb["picked"] == E.pick_text_baseline(tb["val"]) == d["extra"]["claim2_baseline"]
+    k = d["extra"]["tuned"]["icl_k"]
+    assert tb["val"]["stage2_icl"] == d["extra"]["tuned"]["val"]["stage2_icl"][f"{k:g}"]["score"]
+    for r in d["per_seed"]:
+        assert r["metrics"]["best_text"]["selection_acc"] == r["metrics"][tb["picked"]]["selection_acc"]
+    assert claims[CLAIM_SELECTION]["baseline_arm"] == "best_text"
+    pl = d["extra"]["tuned"]["icl_plateau"]
+    assert (pl["k_max"], pl["k_half"]) == (2, 1) and set(d["extra"]["tuned"]["icl_prompt_fit"]) == {"1", "2", "3"}
     assert {"claims.png", "gallery_image.png", "stage_curves.png"} <= set(d["artifacts"])
     assert all((tmp_path / "out" / a).stat().st_size > 1000 for a in d["artifacts"])
     check_results_file(tmp_path / "out" / "results.json")
@@ -79,6 +89,10 @@ def test_checks_are_labelled_paired_and_tuned_on_validation(quick):
         assert t["declared"] == list(cfg.lr_grid if arm != "stage2_icl" else cfg.icl_grid) and t["extensions"] == []
         best = max(v["score"] for v in vals.values())  # one validation number per value: the pick is the best
         assert vals[f"{t['picked']:g}"]["score"] == best
+        if arm == "stage2_icl":  # k's top fills the context: the plateau check instead of an interior rule
+            check = next(c for c in res.claim_checks if c.metric == "icl_plateau_gain")
+            assert check.guards == list(CLAIMS_OF_ARM[arm]) and check.detail.startswith("tuning:")
+            continue
         check = next(c for c in res.claim_checks if c.method_arm == arm and c.metric == "tuned_inside_fraction")
         assert check.guards == list(CLAIMS_OF_ARM[arm]) and check.detail.startswith("tuning:")
         assert not check.passed  # a 2-point grid without extensions has no interior

@@ -61,11 +61,13 @@ def test_tune_on_validation_extends_a_winning_edge_and_keeps_every_trained_model
     # the signal curve keeps rising: two extensions by the grid's ratio (x3), still at the top: not tuned
     assert sig.extensions == pytest.approx([0.162, 0.486]) and sig.value == pytest.approx(0.486) and not sig.ok
     assert pipe.value == pytest.approx(6e-3) and pipe.extensions == [] and pipe.ok
-    assert icl.extensions == [5.0, 6.0] and icl.value == 6.0 and not icl.ok  # integers, by the grid's step
+    # k's top fills the context: a hard limit, never extended past (the plateau check judges it instead)
+    assert icl.extensions == [] and icl.value == 4.0 and icl.ok and icl.at_limit
     assert set(trained) == ({("pipeline", lr) for lr in cfg.lr_grid}
                             | {("signal", lr) for lr in (*cfg.lr_grid, *sig.extensions)})
     assert ("signal", sig.value) in trained  # the picked extension's model is the one evaluated on test
-    assert [c.passed for c in E._tuning_checks(cfg, tunings)] == [False, True, False]
+    # signal lr at the edge, pipeline inside, k-curve 0.04 -> 0.02 from k = 2 to 4: a plateau (<= 0.05)
+    assert [c.passed for c in E._tuning_checks(cfg, tunings)] == [False, True, True]
     # with no extension budget the same curves stop at the declared edges
     _, t0, _ = _tune(0)
     assert t0["signal"].extensions == [] and t0["signal"].value == pytest.approx(5.4e-2)
@@ -88,11 +90,15 @@ def _recorder(tmp_path, cfg):
             "pipeline": {"implicit_acc": 0.5, "selection_acc": 0.8},
             "untrained_proj": {"implicit_acc": 0.1 + d / 3}, "gold": {"implicit_acc": 0.95},
             "stage2_icl": {"selection_acc": 0.6 + d / 4}, "stage2_icl_redraw": {"selection_acc": 0.6 + d / 5},
+            "best_text": {"selection_acc": 0.6 + d / 4},
             "stage1": {"caption_acc": 0.97}, "stage2": {"block_rate": 1.0, "l2_drop": 8.0 + seed}})
     return rec
 
 
-def _tuned(ok: bool, grid=(1.0, 2.0, 3.0)):
+def _tuned(ok: bool, grid=(1.0, 2.0, 3.0), arm: str = ""):
+    if arm == "stage2_icl":  # ok: a flat k-curve (plateau); not ok: still rising from k_max / 2 to k_max
+        return tune_grid(lambda vs: [[0.5 if ok else v] for v in vs], (1, 2), log=False, integer=True,
+                         limits=(1, 2), max_extra=0)
     return tune_grid(lambda vs: [[v if not ok else -abs(v - 2.0)] for v in vs], grid, log=False, max_extra=0)
 
 
@@ -102,7 +108,7 @@ def _tuned(ok: bool, grid=(1.0, 2.0, 3.0)):
 def test_each_tuning_check_voids_exactly_the_claims_of_its_arm(tmp_path, failing, void):
     cfg = E.Config.quick()
     checks = E._checks(_recorder(tmp_path, cfg), cfg, [1.0, 1.0, 1.0])
-    checks += E._tuning_checks(cfg, {a: _tuned(a != failing) for a in ("signal", "pipeline", "stage2_icl")})
+    checks += E._tuning_checks(cfg, {a: _tuned(a != failing, arm=a) for a in ("signal", "pipeline", "stage2_icl")})
     v = verdict(checks)
     assert {c.name for c in checks if c.kind == "claim" and c.void} == void and v["claims_void"] == len(void)
     if failing is None:
@@ -116,7 +122,7 @@ def test_the_gold_decoding_check_guards_claim_1_and_the_global_ones_guard_both(t
     rec = _recorder(tmp_path, cfg)
     for row in rec.per_seed:
         row["metrics"]["gold"]["implicit_acc"] = 0.1  # the decoders cannot render the attributes
-    tuned = {a: _tuned(True) for a in ("signal", "pipeline", "stage2_icl")}
+    tuned = {a: _tuned(True, arm=a) for a in ("signal", "pipeline", "stage2_icl")}
     checks = E._checks(rec, cfg, [1.0, 1.0, 1.0]) + E._tuning_checks(cfg, tuned)
     v = verdict(checks)
     assert {c.name for c in checks if c.void} == {E.CLAIM_IMPLICIT} and v["label"].startswith("holds 1/1, 1 void")

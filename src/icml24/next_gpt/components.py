@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,12 @@ class FrozenConfig:
     llm_heads: int = 4
     llm_steps: int = 800
     llm_corpus: int = 6000
+    # the LLM is pretrained on packed windows of its context length (texts joined by <bos>, cut every
+    # llm_context tokens) so that in-context examples that fill the context are in its training regime;
+    # llm_packing=False trains on single short texts as before (the old cache keys)
+    llm_packing: bool = True
+    llm_context: int = 256  # the LLM's max_position_embeddings and the pretraining window length
+    llm_windows: int = 32  # packed windows per pretraining step (32 x 256 tokens; unpacked: `batch` texts)
     encoder_steps: int = 500
     decoder_steps: int = 1500
     decoder_batch: int = 48
@@ -94,6 +101,8 @@ class FrozenConfig:
             raise ValueError(f"FrozenConfig: video_decoder must be 'frames' or 'stacked', got {self.video_decoder!r}")
         if self.prediction not in ("v", "eps"):
             raise ValueError(f"FrozenConfig: prediction must be 'v' or 'eps', got {self.prediction!r}")
+        if not isinstance(self.llm_context, int) or self.llm_context < 2:
+            raise ValueError(f"FrozenConfig: llm_context must be an integer >= 2, got {self.llm_context!r}")
 
     def frames(self, modality: str) -> int:
         """Frames the decoder of ``modality`` denoises with shared weights (1 = the whole item at once)."""
@@ -103,6 +112,10 @@ class FrozenConfig:
         d = asdict(self)
         if "video" not in self.modalities:
             d.pop("video_decoder")  # irrelevant without video: keeps the image/audio cache keys unchanged
+        if not self.llm_packing and self.llm_context == 256:
+            d.pop("llm_packing")  # the unpacked LLM of 256 positions keeps the cache keys from before packing
+            d.pop("llm_context")
+            d.pop("llm_windows")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -111,13 +124,13 @@ def default_cache_dir() -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ LLM
-def build_llm(*, vocab_size: int, hidden: int, layers: int, heads: int, seed: int) -> nn.Module:
+def build_llm(*, vocab_size: int, hidden: int, layers: int, heads: int, seed: int, context: int = 256) -> nn.Module:
     """A tiny random-init ``LlamaForCausalLM`` (the same class Vicuna loads as)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 3,
                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                      max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=None,
+                      max_position_embeddings=context, pad_token_id=0, bos_token_id=1, eos_token_id=None,
                       tie_word_embeddings=False)
     torch.manual_seed(seed)
     return LlamaForCausalLM(cfg)
@@ -133,16 +146,47 @@ def _batchify(seqs: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.
     return ids, mask
 
 
+def pack_windows(seqs: list[list[int]], length: int, sep: int) -> list[list[int]]:
+    """Join token sequences into one stream, each preceded by the separator ``sep``, and cut it into windows of
+    ``length`` tokens; every token lands in exactly one window, in order (the last window may be shorter)."""
+    if length < 1:
+        raise ValueError(f"pack_windows: length must be >= 1, got {length}")
+    stream = [t for s in seqs for t in (sep, *s)]
+    return [stream[i:i + length] for i in range(0, len(stream), length)]
+
+
+def _packed_batches(enc: list[list[int]], length: int, sep: int, batch: int, g: np.random.Generator):
+    """Endless batches of packed windows: each epoch joins the corpus in a fresh random order and cuts it into
+    context-length windows, served ``batch`` at a time in random order."""
+    buf: list[list[int]] = []
+    while True:  # windows left over at an epoch's end open the next batch: no window is dropped
+        wins = pack_windows([enc[i] for i in g.permutation(len(enc))], length, sep)
+        buf += [wins[j] for j in g.permutation(len(wins))]
+        while len(buf) >= batch:
+            yield buf[:batch]
+            buf = buf[batch:]
+
+
 def pretrain_llm(llm: nn.Module, tok: WordTokenizer, corpus: list[str], *, steps: int, batch: int, lr: float,
-                 seed: int) -> list[float]:
+                 seed: int, context: int | None = None) -> list[float]:
+    """Next-token pretraining on ``corpus``: single texts (``<bos>`` + text, ``context=None``) or packed windows
+    of ``context`` tokens (:func:`pack_windows`, texts joined by ``<bos>``)."""
     g = np.random.default_rng(seed)
     opt = torch.optim.AdamW(llm.parameters(), lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    enc = [[tok.bos_token_id] + tok.encode(t) for t in corpus]
+    if context is None:
+        enc = [[tok.bos_token_id] + tok.encode(t) for t in corpus]
+        draw = lambda: [enc[i] for i in g.integers(0, len(enc), batch)]  # noqa: E731
+    else:
+        texts = [tok.encode(t) for t in corpus]
+        if sum(len(t) + 1 for t in texts) < batch * context:
+            raise ValueError(f"pretrain_llm: the corpus holds fewer than batch={batch} windows of {context} tokens")
+        stream = _packed_batches(texts, context, tok.bos_token_id, batch, g)
+        draw = lambda: next(stream)  # noqa: E731
     losses = []
     llm.train()
     for _ in progress(range(steps), desc="next_gpt: pretrain LLM"):
-        ids, mask = _batchify([enc[i] for i in g.integers(0, len(enc), batch)])
+        ids, mask = _batchify(draw())
         labels = ids.masked_fill(mask == 0, -100)
         loss = llm(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
@@ -455,9 +499,12 @@ def train_frozen(cfg: FrozenConfig) -> Frozen:
     info: dict[str, Any] = {}
 
     llm = build_llm(vocab_size=len(tok), hidden=cfg.llm_hidden, layers=cfg.llm_layers, heads=cfg.llm_heads,
-                    seed=seed)
+                    seed=seed, context=cfg.llm_context)
+    t_llm = time.perf_counter()
     info["llm_loss"] = pretrain_llm(llm, tok, W.lm_corpus(specs, rng, cfg.llm_corpus), steps=cfg.llm_steps,
-                                    batch=cfg.batch, lr=cfg.lr, seed=seed)[-50:]
+                                    batch=cfg.llm_windows if cfg.llm_packing else cfg.batch, lr=cfg.lr, seed=seed,
+                                    context=cfg.llm_context if cfg.llm_packing else None)[-50:]
+    info["llm_pretrain_s"] = round(time.perf_counter() - t_llm, 1)
 
     torch.manual_seed(seed + 1)
     enc = JointEncoder(cfg.modalities, len(tok), cfg.embed_dim)
@@ -540,7 +587,7 @@ def train_frozen_shell(cfg: FrozenConfig) -> Frozen:
     """Untrained (random-init) frozen parts with the right shapes (for loading, or a tiny untrained demo)."""
     tok = WordTokenizer(W.vocabulary())
     llm = build_llm(vocab_size=len(tok), hidden=cfg.llm_hidden, layers=cfg.llm_layers, heads=cfg.llm_heads,
-                    seed=cfg.world_seed)
+                    seed=cfg.world_seed, context=cfg.llm_context)
     enc = JointEncoder(cfg.modalities, len(tok), cfg.embed_dim)
     decs = {m: _freeze(DiffusionDecoder(m, tok, width=cfg.decoder_channels, cond_tokens=cfg.cond_tokens,
                                         cond_dim=cfg.cond_dim, T=cfg.diffusion_T, frames=cfg.frames(m),

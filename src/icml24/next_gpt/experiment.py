@@ -73,8 +73,12 @@ class Config(ExperimentConfig):
                 "with {2e-3, 6e-3} and {2e-3, 6e-3, 1.8e-2} put the pipeline's pick on the top)"})
     icl_grid: tuple[int, ...] = field(default=(1, 2, 3, 4), metadata={
         "help": "in-context example dialogues for the stage-2 baseline, tuned on validation with tune_grid "
-                "(integers, linear steps, hard limit k >= 1: the issue's baseline is the stage-2 model *given* "
-                "examples, k = 0 is the stage2 arm; same grid size as lr_grid)"})
+                "(integers, hard limits 1 <= k <= max(icl_grid): the baseline is the stage-2 model *given* "
+                "examples, k = 0 is the stage2 arm, and the largest k fills the LLM's context: >= 90% of the "
+                "validation prompts fit in its 256 positions at k = 4, 71% at k = 5; same grid size as lr_grid)"})
+    icl_plateau_tol: float = field(default=0.05, metadata={
+        "help": "sanity (guards claim 2): the in-context curve has plateaued, validation selection at k_max "
+                "minus at k_max / 2 <= this (issue 31; replaces the interior rule for k)"})
     grid_extra: int = field(default=2, metadata={
         "help": "extra grid points tune_grid may add past an edge that keeps winning (issue 26); every arm gets "
                 "the same budget (signal and pipeline lr, the in-context k)"})
@@ -109,6 +113,10 @@ class Config(ExperimentConfig):
             if len(set(getattr(self, name))) < 2:
                 raise ValueError(f"{w}: {name} needs >= 2 distinct values to be tuned, got {getattr(self, name)!r}")
         val.integer(w, "grid_extra", self.grid_extra, minimum=0)
+        if max(self.icl_grid) // 2 not in self.icl_grid:
+            raise ValueError(f"{w}: icl_grid must hold k_max // 2 = {max(self.icl_grid) // 2} for the plateau check "
+                             f"(k_max vs k_max / 2), got {self.icl_grid!r}")
+        val.non_negative(w, "icl_plateau_tol", self.icl_plateau_tol)
         if len(self.lr_grid) != len(self.icl_grid):
             raise ValueError(f"{w}: lr_grid and icl_grid must have the same size (equal tuning budget), got "
                              f"{len(self.lr_grid)} and {len(self.icl_grid)}")
@@ -274,6 +282,34 @@ def _copy_rows(dst: NExTGPT, src: NExTGPT) -> None:
         dst.new_head.copy_(src.new_head)
 
 
+def prompt_lengths(model: NExTGPT, contexts: list[list[W.Turn]],
+                   prefixes: list[list[list[W.Turn]]] | None = None) -> list[int]:
+    """Tokens of each evaluation prompt (in-context examples, the dialogue so far, the open assistant turn)."""
+    return [int(model.build([c], train=False, rng=np.random.default_rng(0),
+                            prefixes=None if prefixes is None else [prefixes[i]])["mask"].sum())
+            for i, c in enumerate(contexts)]
+
+
+TEXT_BASELINES = ("stage2_icl", "stage1")  # claim 2's candidate baselines, in tie order
+
+
+def pick_text_baseline(val_scores: dict[str, float]) -> str:
+    """Claim 2's baseline: the best text-side arm on validation selection accuracy, max(stage 2 + in-context
+    examples at its tuned k, the always-text stage-1 model); an exact tie goes to ``stage2_icl``."""
+    if set(val_scores) != set(TEXT_BASELINES):
+        raise ValueError(f"pick_text_baseline: needs validation scores of {TEXT_BASELINES}, got {sorted(val_scores)}")
+    if any(not np.isfinite(v) for v in val_scores.values()):
+        raise ValueError(f"pick_text_baseline: non-finite validation score in {val_scores}")
+    return max(TEXT_BASELINES, key=lambda a: (val_scores[a], -TEXT_BASELINES.index(a)))
+
+
+def icl_plateau(cfg: Config, tuned: Tuned) -> tuple[float, int, int]:
+    """Validation selection gain from k_max / 2 to k_max in-context examples (the plateau check's measure)."""
+    k_max = max(cfg.icl_grid)
+    k_half = k_max // 2
+    return float(tuned.mean(float(k_max)) - tuned.mean(float(k_half))), k_max, k_half
+
+
 def tune_on_validation(cfg: Config, specs: list[W.ModalitySpec], S: dict[str, Any], seed: int,
                        stage2_model: NExTGPT, pipe2: NExTGPT
                        ) -> tuple[dict[str, Tuned], dict[tuple[str, float], tuple[NExTGPT, dict[str, Any]]]]:
@@ -282,7 +318,7 @@ def tune_on_validation(cfg: Config, specs: list[W.ModalitySpec], S: dict[str, An
     accuracy) and the in-context k of ``stage2_icl`` (validation selection accuracy; integers, k >= 1), each
     with the same extension budget ``grid_extra``. One evaluation per value (the tuning seed's run), as before
     the migration. Returns the :class:`Tuned` per arm and every stage-3 model trained, by ``(arm, lr)``."""
-    val_sets = eval_sets(specs, np.random.default_rng(20_000 + seed), cfg.n_eval, cfg.n_dialogues)
+    val_sets = validation_sets(cfg, specs, seed)
     trained: dict[tuple[str, float], tuple[NExTGPT, dict[str, Any]]] = {}
 
     def evaluate_lr(lrs: list[float], arm: str, base: NExTGPT) -> list[dict[str, list[float]]]:
@@ -308,9 +344,24 @@ def tune_on_validation(cfg: Config, specs: list[W.ModalitySpec], S: dict[str, An
     tunings = {arm: tune_grid(lambda lrs, arm=arm, base=base: evaluate_lr(lrs, arm, base), cfg.lr_grid,
                               maximize=True, log=True, max_extra=cfg.grid_extra)
                for arm, base in (("signal", stage2_model), ("pipeline", pipe2))}
+    # k's hard limits: >= 1 (k = 0 is the stage2 arm) and <= max(icl_grid), which fills the context; no extension
     tunings["stage2_icl"] = tune_grid(evaluate_k, cfg.icl_grid, maximize=True, log=False, integer=True,
-                                      limits=(1, None), max_extra=cfg.grid_extra)
+                                      limits=(1, max(cfg.icl_grid)), max_extra=cfg.grid_extra)
     return tunings, trained
+
+
+def validation_sets(cfg: Config, specs: list[W.ModalitySpec], seed: int) -> dict[str, Any]:
+    """The validation sets of ``seed`` (never the test sets: those are drawn from 10_000 + seed)."""
+    return eval_sets(specs, np.random.default_rng(20_000 + seed), cfg.n_eval, cfg.n_dialogues)
+
+
+def text_baseline_on_validation(cfg: Config, specs: list[W.ModalitySpec], seed: int, stage1_model: NExTGPT,
+                                icl: Tuned) -> dict[str, Any]:
+    """Claim 2's baseline chosen on validation (issue 31): the always-text stage-1 model (no examples) scored on
+    the same validation turns as the in-context baseline at its tuned k; the higher one is the baseline."""
+    v1 = eval_selection(stage1_model, validation_sets(cfg, specs, seed)["mosit"], np.random.default_rng(5))
+    scores = {"stage2_icl": float(icl.mean(icl.value)), "stage1": float(v1)}
+    return {"val": scores, "picked": pick_text_baseline(scores)}
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -368,12 +419,23 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         if si == 0:
             t_tune = time.perf_counter()
             tunings, trained = tune_on_validation(cfg, specs, S, seed, stage2_model, pipe2)
+            text_base = text_baseline_on_validation(cfg, specs, seed, stage1_model, tunings["stage2_icl"])
+            gain, k_max, k_half = icl_plateau(cfg, tunings["stage2_icl"])
+            vmosit = validation_sets(cfg, specs, seed)["mosit"]
+            fit = {}
+            for kk in (k_half, k_max, k_max + 1):  # how much of the LLM's context the in-context prompts fill
+                lens = prompt_lengths(stage2_model, vmosit, _icl_prefixes(S["stage3"], len(vmosit), kk,
+                                                                          np.random.default_rng(6)))
+                fit[str(kk)] = {"mean_tokens": float(np.mean(lens)), "max_tokens": int(max(lens)),
+                                "fraction_in_context": float(np.mean(np.array(lens) <= frozen.cfg.llm_context))}
             tuned = {"signal_lr": tunings["signal"].value, "pipeline_lr": tunings["pipeline"].value,
                      "icl_k": int(tunings["stage2_icl"].value),
                      "val": {arm: {f"{v:g}": {k: t.mean(v, k) for k in t.records[v]} for v in t.grid}
                              for arm, t in tunings.items()},
                      "tuning": {arm: t.record() for arm, t in tunings.items()},
-                     "grid_extra": cfg.grid_extra}
+                     "grid_extra": cfg.grid_extra, "text_baseline": text_base,
+                     "icl_plateau": {"gain": gain, "k_max": k_max, "k_half": k_half, "tol": cfg.icl_plateau_tol},
+                     "icl_prompt_fit": fit}
             extra["tuning_s"] = round(time.perf_counter() - t_tune, 1)
             sig3, c3s = trained["signal", tuned["signal_lr"]]
             pipe3 = trained["pipeline", tuned["pipeline_lr"]][0]
@@ -407,6 +469,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
         metrics["stage1_icl"] = {"selection_acc": eval_selection(stage1_model, test["mosit"], ev(), pre)}
         pre_b = _icl_prefixes(S["stage3"], len(test["mosit"]), tuned["icl_k"], np.random.default_rng(40_000 + seed))
         metrics["stage2_icl_redraw"] = {"selection_acc": eval_selection(stage2_model, test["mosit"], ev(), pre_b)}
+        # claim 2's baseline: the text-side arm picked on validation (the first seed), evaluated as it was there
+        metrics["best_text"] = {"selection_acc": metrics[tuned["text_baseline"]["picked"]]["selection_acc"]}
         for m in cfg.modalities:  # per-modality breakdown of the claim-1 metric
             idx = [i for i, d in enumerate(test["implicit"]) if d[-1].out_modality == m]
             for arm, gens in (("signal", gens_sig), ("pipeline", gens_pipe)):
@@ -424,6 +488,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
             extra["signal_sample_text"] = [" ".join(g.tokens) for g in gens_sig[:6]]
 
     checks = _checks(rec, cfg, hashes_ok) + _tuning_checks(cfg, tunings)
+    extra["claim2_baseline"] = tuned["text_baseline"]["picked"]
     extra.update(tuned={k: v for k, v in tuned.items()}, frozen_hashes_identical=hashes_ok)
     artifacts = _plots(rec, cfg, out_dir, curves) + _gallery(gallery, frozen, cfg, out_dir)
     return rec.finish(checks, artifacts=artifacts, extra=extra)
@@ -431,7 +496,8 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
 
 CLAIM_IMPLICIT = ("implicit/across-turn instructions: signal-token generation beats the caption pipeline on oracle "
                   "attribute accuracy")
-CLAIM_SELECTION = ("stage 3 (MosIT) beats stage 2 + in-context examples on held-out multi-turn modality selection")
+CLAIM_SELECTION = ("stage 3 (MosIT) beats the best text-side baseline (stage 2 + in-context examples or the "
+                   "always-text stage-1 model, chosen on validation) on held-out multi-turn modality selection")
 # The claims that compare with or against each tuned arm (what its tuning check guards).
 CLAIMS_OF_ARM = {"signal": (CLAIM_IMPLICIT, CLAIM_SELECTION), "pipeline": (CLAIM_IMPLICIT,),
                  "stage2_icl": (CLAIM_SELECTION,)}
@@ -443,7 +509,7 @@ def _checks(rec: RunRecorder, cfg: Config, hashes_ok: list[float]) -> list[Claim
                    baseline_arm="pipeline", direction=">=", threshold=cfg.claim_margin, kind="claim",
                    paper_value="end-to-end signal tokens beat LLM->caption->diffusion on complex instructions "
                                "(human eval, §6)"),
-        rec.paired(name=CLAIM_SELECTION, metric="selection_acc", method_arm="signal", baseline_arm="stage2_icl",
+        rec.paired(name=CLAIM_SELECTION, metric="selection_acc", method_arm="signal", baseline_arm="best_text",
                    direction=">=", threshold=cfg.claim_margin, kind="claim",
                    paper_value="MosIT improves modality switching (human eval, §6)"),
     ]
@@ -497,17 +563,32 @@ def _checks(rec: RunRecorder, cfg: Config, hashes_ok: list[float]) -> list[Claim
     return checks
 
 
+PLATEAU_CHECK = "stage2_icl's validation k-curve has plateaued (k_max vs k_max / 2)"
+
+
 def _tuning_checks(cfg: Config, tunings: dict[str, Tuned]) -> list[ClaimCheck]:
-    """``sanity``: each tuned knob (stage-3 lr of both arms, k of the in-context baseline) lies strictly inside
-    its evaluated grid after up to ``grid_extra`` extensions (a pick at a non-natural edge means the arm's best
-    setting may lie outside it); each check guards the claims that compare with or against its arm."""
-    what = {"signal": "stage-3 lr", "pipeline": "stage-3 lr", "stage2_icl": "in-context k"}
-    return [tuning_check(name=f"{arm}'s tuned {what[arm].split()[-1]} lies strictly inside its grid",
-                         tuned=t, threshold=1.0, arm=arm, guards=list(CLAIMS_OF_ARM[arm]),
-                         detail=f"tuning: {arm}'s {what[arm]} must be tuned, not truncated by its grid, for the "
-                                f"comparisons with or against {arm} to mean anything (guards "
-                                f"{len(CLAIMS_OF_ARM[arm])} claim{'s' if len(CLAIMS_OF_ARM[arm]) > 1 else ''})")
-            for arm, t in tunings.items()]
+    """``sanity``: each tuned stage-3 lr lies strictly inside its evaluated grid after up to ``grid_extra``
+    extensions (a pick at a non-natural edge means the arm's best setting may lie outside it), and the in-context
+    baseline's k-curve has plateaued at the k that fills the context (validation selection at k_max minus at
+    k_max / 2 <= ``icl_plateau_tol``; issue 31, replacing the interior rule for k, whose top is a hard limit);
+    each check guards the claims that compare with or against its arm."""
+    out = [tuning_check(name=f"{arm}'s tuned lr lies strictly inside its grid",
+                        tuned=tunings[arm], threshold=1.0, arm=arm, guards=list(CLAIMS_OF_ARM[arm]),
+                        detail=f"tuning: {arm}'s stage-3 lr must be tuned, not truncated by its grid, for the "
+                               f"comparisons with or against {arm} to mean anything (guards "
+                               f"{len(CLAIMS_OF_ARM[arm])} claim{'s' if len(CLAIMS_OF_ARM[arm]) > 1 else ''})")
+           for arm in ("signal", "pipeline")]
+    gain, k_max, k_half = icl_plateau(cfg, tunings["stage2_icl"])
+    t = tunings["stage2_icl"]
+    out.append(ClaimCheck(
+        name=PLATEAU_CHECK, metric="icl_plateau_gain", measured=gain, threshold=cfg.icl_plateau_tol,
+        direction="<=", kind="sanity", method_arm="stage2_icl", guards=list(CLAIMS_OF_ARM["stage2_icl"]),
+        detail=f"tuning: the in-context baseline's k is bounded by the context (k_max = {k_max} fills it), so "
+               f"instead of an interior rule its validation selection must have stopped rising: at k = {k_max} "
+               f"{t.mean(float(k_max)):.3f} minus at k = {k_half} {t.mean(float(k_half)):.3f} = {gain:+.3f} <= "
+               f"{cfg.icl_plateau_tol:g}; otherwise more examples might still help and claim 2's baseline may "
+               f"be under-tuned (guards claim 2). {t.describe()}"))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ artifacts
