@@ -7,7 +7,9 @@ Arms (per seed, same frozen parts, same stage budgets, stage-3 lr tuned per arm 
 * ``signal``: stages 1-2-3 (encoding alignment, decoding alignment with signal tokens + L2, MosIT with LoRA).
 * ``pipeline``: the same stage 1, then stages 2-3 with the LLM writing a caption ``<tag> ... </tag>`` that the
   decoder's own text encoder reads (pipeline MM-LLMs, notes §4); same trainable parts minus the projector.
-* ``stage2_icl``: the stage-2 model given k in-context example dialogues (k tuned on validation).
+* ``stage2_icl``: the stage-2 model given k in-context example dialogues (k tuned on validation, k_max filling
+  the LLM's context, a plateau check instead of an interior rule).
+* ``best_text``: claim 2's baseline, max(``stage2_icl``, the always-text ``stage1`` model) on validation.
 * controls: ``untrained_proj`` (the stage-3 model with a freshly initialised output projector; claim 1's test
   must reject it), ``stage2_icl_redraw`` (the baseline again with fresh in-context examples; claim 2's test must
   reject this null difference), ``stage2`` without examples, ``stage1_icl`` (never emits media: the always-text
@@ -15,7 +17,7 @@ Arms (per seed, same frozen parts, same stage budgets, stage-3 lr tuned per arm 
 
 Claims (paired 95% t-intervals over seeds): (1) on implicit / across-turn generation instructions, oracle
 attribute accuracy of ``signal`` > ``pipeline``; (2) held-out multi-turn modality-selection accuracy of
-``signal`` (stage 3) > ``stage2_icl``.
+``signal`` (stage 3) > ``best_text``.
 """
 
 from __future__ import annotations
