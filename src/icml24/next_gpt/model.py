@@ -430,8 +430,10 @@ class NExTGPT(nn.Module):
         with torch.no_grad():
             for n, t in ckpt["state"].items():
                 own[n].copy_(t)
+        if ckpt["stage"] in (1, 2, 3):  # the trainable set and mode train_stage leaves (they select torch's fast
+            self.set_stage(ckpt["stage"])  # paths, e.g. nn.Transformer's in eval mode without grads: ulp-level)
         self.stage = ckpt["stage"]
-        return self
+        return self.eval()
 
     # ---------------------------------------------------------------- embedding / forward
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
