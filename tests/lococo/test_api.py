@@ -381,3 +381,14 @@ def test_padded_attention_mask_is_refused_and_an_all_ones_mask_changes_nothing(m
     with pytest.raises(ValueError, match=r"padding \(zeros\) in batch rows \[1\]"):
         model(input_ids=ids, attention_mask=padded, use_cache=True,
               past_key_values=exact_cache(model, policy="full", budget=16))
+
+
+def test_the_experiment_scores_caches_of_exactly_M_slots(model):
+    from icml24.lococo import experiment
+
+    M, B, ids = 16, 1, _ids(2, 60)  # token by token: any buffer > 0 keeps more than M slots at some step
+    kw = {"policy": "streaming", "budget": M, "n_sink": 2}
+    got = experiment._nll(model, ids, chunk=B, cache_kwargs=kw)
+    exact = chunked_nll(model, ids, chunk_size=B, make_cache=lambda: exact_cache(model, **kw))
+    buffered = chunked_nll(model, ids, chunk_size=B, make_cache=lambda: LoCoCoCache.from_model(model, **kw))
+    assert torch.equal(got, exact) and not torch.allclose(got, buffered)

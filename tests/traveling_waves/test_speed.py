@@ -198,3 +198,11 @@ def test_tuning_guards_name_the_claims_of_their_arm():
 def test_bad_speed_config_raises(kw, match):
     with pytest.raises(ValueError, match=match):
         Config(**kw)
+
+
+def test_the_networks_have_no_readout_bias_and_the_elman_rnn_no_bias_at_all():
+    from icml24.traveling_waves import ElmanRNN, LSTMNet
+
+    assert [n for n, _ in ElmanRNN(d=3, hidden=8).named_parameters()] == [
+        "rnn.weight_ih_l0", "rnn.weight_hh_l0", "readout.weight"]  # the paper's code: bias=False everywhere
+    assert LSTMNet(d=3, hidden=8).readout.bias is None
