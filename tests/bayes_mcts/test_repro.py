@@ -209,3 +209,12 @@ def test_checks_compare_the_arms_they_name():
     assert checks["heteroscedastic regime"].measured == pytest.approx(12.0)
     zero = checks["negative control"]
     assert zero.method_arm == "tsts_zero" and f"{d['tsts_zero'] - d['nmcts']:.4g}" in zero.detail
+
+
+def test_a_bin_with_exactly_min_count_residuals_gets_its_own_sigma():
+    from icml24.bayes_mcts.value_models import BinnedResidualStd
+
+    est = BinnedResidualStd([("fog", [3.0] * 5), ("clear", [0.25] * 4), ("open", [1.0] * 50)], min_count=5)
+    assert est("fog") == pytest.approx(3.0)  # 5 residuals = min_count: its own RMS
+    assert est("clear") == pytest.approx(est.pooled) and est("never seen") == pytest.approx(est.pooled)
+    assert est.pooled == pytest.approx(((5 * 9 + 4 * 0.0625 + 50) / 59) ** 0.5)
