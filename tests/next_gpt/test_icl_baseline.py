@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 import icml24.next_gpt.experiment as E
-from icml24.common.results import RunRecorder, verdict
+from icml24.common.results import verdict
 from icml24.common.tuning import tune_grid
 from icml24.next_gpt import components as C
 from icml24.next_gpt import world as W
+from tests.next_gpt.test_tuning import recorder
 
 
 def _texts(n: int, seed: int = 0) -> list[list[int]]:
@@ -127,25 +128,11 @@ def test_icl_plateau_compares_k_max_with_half_of_it():
         E.Config(icl_grid=(1, 4, 5, 6))
 
 
-def _recorder(tmp_path, cfg):
-    rec = RunRecorder(E.SLUG, cfg, tmp_path)
-    for seed, d in enumerate((0.10, 0.20, 0.15)):
-        rec.add_seed(seed, {
-            "signal": {"implicit_acc": 0.6 + d, "selection_acc": 0.9 + d / 2},
-            "pipeline": {"implicit_acc": 0.5, "selection_acc": 0.8},
-            "untrained_proj": {"implicit_acc": 0.1 + d / 3}, "gold": {"implicit_acc": 0.95},
-            "stage2_icl": {"selection_acc": 0.3 + d / 4}, "stage2_icl_redraw": {"selection_acc": 0.3 + d / 5},
-            "best_text": {"selection_acc": 0.5 + d / 3},
-            "stage1": {"caption_acc": 0.97, "selection_acc": 0.5 + d / 3},
-            "stage2": {"block_rate": 1.0, "l2_drop": 8.0 + seed}})
-    return rec
-
-
 @pytest.mark.parametrize("curve, plateau", [(lambda k: 0.3 + 0.01 * k, True), (lambda k: 0.1 * k, False)])
 def test_the_plateau_check_guards_claim_2_only_and_claim_2_uses_the_best_text_baseline(tmp_path, curve, plateau):
     cfg = E.Config()
     lr = tune_grid(lambda vs: [[-abs(np.log(v / 6e-3))] for v in vs], cfg.lr_grid, max_extra=0)
-    checks = E._checks(_recorder(tmp_path, cfg), cfg, [1.0, 1.0, 1.0])
+    checks = E._checks(recorder(tmp_path, cfg, icl=0.3, stage1_selection=0.5), cfg, [1.0, 1.0, 1.0])
     checks += E._tuning_checks(cfg, {"signal": lr, "pipeline": lr, "stage2_icl": _icl(curve)})
     pc = next(c for c in checks if c.name == E.PLATEAU_CHECK)
     assert pc.kind == "sanity" and pc.direction == "<=" and pc.threshold == cfg.icl_plateau_tol

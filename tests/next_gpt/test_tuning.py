@@ -82,16 +82,21 @@ def test_k_never_goes_below_one(fake_stages, monkeypatch):
     assert icl.value == 1.0 and icl.extensions == [] and icl.at_limit  # k = 0 is the stage2 arm, not in reach
 
 
-def _recorder(tmp_path, cfg):
+def recorder(tmp_path, cfg, *, icl: float = 0.6, stage1_selection: float | None = None):
+    """A recorder with three seeds of synthetic per-arm metrics: in-context arms at ``icl`` (+ d/4, redraw + d/5),
+    ``best_text`` the in-context arm, unless ``stage1_selection`` gives stage 1 a (better) selection score."""
     rec = RunRecorder(E.SLUG, cfg, tmp_path)
     for seed, d in enumerate((0.10, 0.20, 0.15)):
+        stage1 = {"caption_acc": 0.97}
+        if stage1_selection is not None:
+            stage1["selection_acc"] = stage1_selection + d / 3
         rec.add_seed(seed, {
             "signal": {"implicit_acc": 0.6 + d, "selection_acc": 0.9 + d / 2},
             "pipeline": {"implicit_acc": 0.5, "selection_acc": 0.8},
             "untrained_proj": {"implicit_acc": 0.1 + d / 3}, "gold": {"implicit_acc": 0.95},
-            "stage2_icl": {"selection_acc": 0.6 + d / 4}, "stage2_icl_redraw": {"selection_acc": 0.6 + d / 5},
-            "best_text": {"selection_acc": 0.6 + d / 4},
-            "stage1": {"caption_acc": 0.97}, "stage2": {"block_rate": 1.0, "l2_drop": 8.0 + seed}})
+            "stage2_icl": {"selection_acc": icl + d / 4}, "stage2_icl_redraw": {"selection_acc": icl + d / 5},
+            "best_text": {"selection_acc": stage1.get("selection_acc", icl + d / 4)},
+            "stage1": stage1, "stage2": {"block_rate": 1.0, "l2_drop": 8.0 + seed}})
     return rec
 
 
@@ -107,7 +112,7 @@ def _tuned(ok: bool, grid=(1.0, 2.0, 3.0), arm: str = ""):
     ("signal", {E.CLAIM_IMPLICIT, E.CLAIM_SELECTION}), (None, set())])
 def test_each_tuning_check_voids_exactly_the_claims_of_its_arm(tmp_path, failing, void):
     cfg = E.Config.quick()
-    checks = E._checks(_recorder(tmp_path, cfg), cfg, [1.0, 1.0, 1.0])
+    checks = E._checks(recorder(tmp_path, cfg), cfg, [1.0, 1.0, 1.0])
     checks += E._tuning_checks(cfg, {a: _tuned(a != failing, arm=a) for a in ("signal", "pipeline", "stage2_icl")})
     v = verdict(checks)
     assert {c.name for c in checks if c.kind == "claim" and c.void} == void and v["claims_void"] == len(void)
@@ -119,12 +124,12 @@ def test_each_tuning_check_voids_exactly_the_claims_of_its_arm(tmp_path, failing
 
 def test_the_gold_decoding_check_guards_claim_1_and_the_global_ones_guard_both(tmp_path):
     cfg = E.Config.quick()
-    rec = _recorder(tmp_path, cfg)
+    rec = recorder(tmp_path, cfg)
     for row in rec.per_seed:
         row["metrics"]["gold"]["implicit_acc"] = 0.1  # the decoders cannot render the attributes
     tuned = {a: _tuned(True, arm=a) for a in ("signal", "pipeline", "stage2_icl")}
     checks = E._checks(rec, cfg, [1.0, 1.0, 1.0]) + E._tuning_checks(cfg, tuned)
     v = verdict(checks)
     assert {c.name for c in checks if c.void} == {E.CLAIM_IMPLICIT} and v["label"].startswith("holds 1/1, 1 void")
-    checks = E._checks(_recorder(tmp_path, cfg), cfg, [1.0, 0.0, 1.0]) + E._tuning_checks(cfg, tuned)
+    checks = E._checks(recorder(tmp_path, cfg), cfg, [1.0, 0.0, 1.0]) + E._tuning_checks(cfg, tuned)
     assert verdict(checks)["label"] == "inconclusive (0/2 testable)"  # frozen parts changed: every claim void
