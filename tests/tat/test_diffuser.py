@@ -16,7 +16,7 @@ from icml24.tat.diffuser import (
     train_diffuser,
 )
 from icml24.tat.maze import Maze, PointMaze2D
-from icml24.tat.planner import DiffuserPlanner, execute_plan
+from icml24.tat.planner import DiffuserPlanner, execute_plan, execute_plans
 
 
 class _Oracle(nn.Module):
@@ -147,3 +147,30 @@ def test_execute_plan_follows_a_feasible_plan_to_the_goal():
     bad = np.array([[1.0, 1.0, 0, 0], [2.0, 1.0, 0, 0], [3.0, 1.0, 0, 0]])
     r = execute_plan(env, bad, start=np.array([1.0, 1.0]), goal=np.array([3.0, 1.0]), steps=60)
     assert r.infeasible and not r.success
+
+
+def test_a_plan_through_a_wall_ends_the_episode_at_the_contact_when_asked():
+    bad = np.array([[1.0, 1.0, 0, 0], [2.0, 1.0, 0, 0], [3.0, 1.0, 0, 0]])
+    start, goal = np.array([1.0, 1.0]), np.array([3.0, 1.0])
+    slide = execute_plan(PointMaze2D("umaze"), bad, start=start, goal=goal, steps=60)
+    stop = execute_plan(PointMaze2D("umaze", terminate_on_contact=True), bad, start=start, goal=goal, steps=60)
+    assert slide.contact and stop.contact and len(stop.path) < 10 < len(slide.path) == 61
+
+
+def test_batched_execution_equals_one_plan_at_a_time():
+    rng = np.random.default_rng(0)
+    start, goal = np.array([1.05, 0.95]), np.array([6.0, 6.0])
+    plans = np.cumsum(rng.normal(0, 0.2, (40, 30, 4)), 1) + np.r_[start, 0, 0]
+    plans[:5] = np.linspace([1, 1, 0, 0], [1, 1.4, 0, 0], 30)  # a few that stay clear of the walls
+    for terminate in (False, True):
+        env = PointMaze2D("medium", terminate_on_contact=terminate)
+        b = execute_plans(env, plans, start=start, goal=goal, steps=75)
+        rs = [execute_plan(env, p, start=start, goal=goal, steps=75) for p in plans]
+        assert 0 < b["contact"].sum() < len(plans)
+        for k, r in enumerate(rs):
+            assert (b["ret"][k], b["contact"][k], b["infeasible"][k]) == (r.ret, r.contact, r.infeasible)
+            assert b["final_dist"][k] == r.final_dist
+    with pytest.raises(ValueError, match=r"plans must be \[K, H, 4\]"):
+        execute_plans(env, plans[0], start=start, goal=goal, steps=5)
+    with pytest.raises(ValueError, match="non-finite"):
+        execute_plans(env, np.full((2, 3, 4), np.nan), start=start, goal=goal, steps=5)

@@ -120,3 +120,50 @@ def test_expert_reaches_the_goal():
     env = PointMaze2D("medium", max_episode_steps=100)
     r = expert_return(env, start=np.array([1.0, 1.0]), goal=np.array([6.0, 6.0]), steps=100)
     assert 10 < r < 100
+
+
+def test_wall_contact_is_reported_and_ends_the_episode_only_when_asked():
+    for terminate in (False, True):
+        env = PointMaze2D("umaze", terminate_on_contact=terminate)
+        env.reset(options={"start": (1.0, 1.0), "goal": (3.0, 1.0)})
+        infos = [env.step(np.array([1.0, 0.0])) for _ in range(6)]  # +x into the wall row 2
+        contacts = [i[4]["contact"] for i in infos]
+        first = contacts.index(True)
+        assert not any(contacts[:first]) and infos[first][0][0] == pytest.approx(1.4, abs=1e-6)
+        assert [i[2] for i in infos] == [terminate and c for c in contacts]  # terminated iff contact and asked
+    env = PointMaze2D("umaze", terminate_on_contact=True)
+    env.reset(options={"start": (1.0, 1.0), "goal": (1.0, 3.0)})
+    assert not any(env.step(np.array([0.0, 0.3]))[4]["contact"] for _ in range(5))  # along the free corridor
+
+
+def test_batched_dynamics_equal_the_env_step_bit_for_bit():
+    rng = np.random.default_rng(0)
+    env = PointMaze2D("medium")
+    m = env.maze
+    cells = np.array(m.free_cells, float)
+    states = np.concatenate([cells[rng.integers(len(cells), size=200)] + rng.uniform(-0.4, 0.4, (200, 2)),
+                             rng.uniform(-3, 3, (200, 2))], 1)
+    states = states[[not m.box_hits_wall(x, y, env.r) for x, y in states[:, :2]]]
+    actions = rng.uniform(-1.5, 1.5, (len(states), 2))
+    nxt, hit = env.step_batch(states, actions)
+    assert hit.any() and not hit.all()
+    for s, a, n, h in zip(states, actions, nxt, hit, strict=True):
+        env.set_state(s)
+        obs, _, _, _, info = env.step(a)
+        assert np.array_equal(obs, n) and info["contact"] == h
+    xy = rng.uniform(-1, 9, (500, 2))
+    assert m.boxes_hit_walls(xy[:, 0], xy[:, 1], 0.1).tolist() == [m.box_hits_wall(x, y, 0.1) for x, y in xy]
+    assert np.array_equal(env.tracking_actions(states, states[::-1]),
+                          np.stack([(env.set_state(s), env.tracking_action(t))[1] for s, t in
+                                    zip(states, states[::-1], strict=True)]))
+
+
+def test_expert_never_touches_a_wall_so_contact_termination_keeps_its_return():
+    rng = np.random.default_rng(1)
+    for name in ("umaze", "medium"):
+        plain, ends = PointMaze2D(name), PointMaze2D(name, terminate_on_contact=True)
+        cells = plain.maze.free_cells
+        for _ in range(10):
+            s = np.array(cells[rng.integers(len(cells))], float) + rng.uniform(-0.1, 0.1, 2)
+            g = np.array(cells[rng.integers(len(cells))], float)
+            assert expert_return(ends, start=s, goal=g, steps=150) == expert_return(plain, start=s, goal=g, steps=150)

@@ -128,19 +128,21 @@ def paired_check(*, name: str, metric: str, method: Sequence[float], baseline: S
                  direction: Direction, threshold: float = 0.0, kind: Kind = "claim",
                  method_arm: str | None = None, baseline_arm: str | None = None, log_ratio: bool = False,
                  bootstrap: bool = False, paper_value: str | float | None = None, detail: str = "",
-                 guards: Sequence[str] = (), reduces_to: str | None = None) -> ClaimCheck:
+                 guards: Sequence[str] = (), reduces_to: str | None = None,
+                 clusters: Sequence | None = None) -> ClaimCheck:
     """A check on the paired per-unit differences ``method − baseline`` (or ``log(method/baseline)``).
 
     "Method better by m" on a higher-is-better metric: ``direction=">=", threshold=m``; "no worse than m":
     ``direction=">=", threshold=-m``; on a lower-is-better metric (a loss): ``direction="<="`` with
     ``threshold=-m`` / ``+m``. The 95% interval of the mean difference must clear the threshold. A ``sanity``
     check names the claims it conditions in ``guards``; a claim whose method arm was tuned to a natural bound
-    where it equals the baseline passes ``reduces_to=baseline_arm`` and cannot hold.
+    where it equals the baseline passes ``reduces_to=baseline_arm`` and cannot hold. ``clusters`` (a label per
+    pair) selects the two-stage cluster bootstrap.
     """
-    st = paired_ci(method, baseline, log_ratio=log_ratio, bootstrap=bootstrap)
+    st = paired_ci(method, baseline, log_ratio=log_ratio, bootstrap=bootstrap, clusters=clusters)
     what = "log-ratio" if log_ratio else "difference"
     auto = (f"{method_arm or 'method'} − {baseline_arm or 'baseline'} {what}: {st['mean']:.4g} "
-            f"[{st['ci_low']:.4g}, {st['ci_high']:.4g}] over n={st['n']} ({'bootstrap' if bootstrap else 't'} 95%)")
+            f"[{st['ci_low']:.4g}, {st['ci_high']:.4g}] over n={st['n']} ({_ci_kind(bootstrap, clusters)} 95%)")
     return ClaimCheck(name=name, kind=kind, metric=metric, measured=st["mean"], threshold=threshold,
                       direction=direction, baseline_arm=baseline_arm, method_arm=method_arm, margin=abs(threshold)
                       if direction != "==" else 0.0, ci_low=st["ci_low"], ci_high=st["ci_high"], n=st["n"],
@@ -148,13 +150,22 @@ def paired_check(*, name: str, metric: str, method: Sequence[float], baseline: S
                       guards=list(guards), reduces_to=reduces_to)
 
 
+def _ci_kind(bootstrap: bool, clusters: Sequence | None) -> str:
+    if clusters is not None:
+        return f"cluster bootstrap over {len(set(np.asarray(clusters).ravel().tolist()))} clusters"
+    return "bootstrap" if bootstrap else "t"
+
+
 def one_sample_check(*, name: str, metric: str, values: Sequence[float], direction: Direction,
                      threshold: float, kind: Kind = "claim", arm: str | None = None, margin: float = 0.0,
                      bootstrap: bool = False, paper_value: str | float | None = None,
-                     detail: str = "", guards: Sequence[str] = ()) -> ClaimCheck:
-    """A check on the mean of a per-unit statistic (per-seed slope, correlation, ratio...) with its 95% CI."""
-    st = one_sample_ci(values, bootstrap=bootstrap)
-    auto = f"mean {st['mean']:.4g} [{st['ci_low']:.4g}, {st['ci_high']:.4g}] over n={st['n']}"
+                     detail: str = "", guards: Sequence[str] = (), clusters: Sequence | None = None
+                     ) -> ClaimCheck:
+    """A check on the mean of a per-unit statistic (per-seed slope, correlation, ratio...) with its 95% CI
+    (``clusters``: the two-stage cluster bootstrap, see :func:`paired_check`)."""
+    st = one_sample_ci(values, bootstrap=bootstrap, clusters=clusters)
+    auto = (f"mean {st['mean']:.4g} [{st['ci_low']:.4g}, {st['ci_high']:.4g}] over n={st['n']} "
+            f"({_ci_kind(bootstrap, clusters)} 95%)")
     return ClaimCheck(name=name, kind=kind, metric=metric, measured=st["mean"], threshold=threshold,
                       direction=direction, method_arm=arm, margin=margin, ci_low=st["ci_low"],
                       ci_high=st["ci_high"], n=st["n"], paper_value=paper_value,

@@ -19,7 +19,7 @@ from icml24.tat.maze import (
     plan_infeasible,
     segments_cross_walls,
 )
-from icml24.tat.planner import DiffuserPlanner, EpisodeResult, execute_plan
+from icml24.tat.planner import DiffuserPlanner, EpisodeResult, execute_plan, execute_plans
 from icml24.tat.policy import TATPlanner
 from icml24.tat.tree import (
     TrajectoryAggregationTree,
@@ -34,4 +34,5 @@ __all__ = ["TrajectoryAggregationTree", "TreeNode", "aggregate_plan", "medoid_in
            "reverse_state", "Maze", "PointMaze2D",
            "MazeDataset", "collect_dataset", "plan_infeasible", "segments_cross_walls", "expert_return", "LAYOUTS",
            "MAZE_NAMES", "GaussianDiffusion", "MLPDenoiser", "TemporalUnet", "LimitsNormalizer",
-           "cosine_beta_schedule", "train_diffuser", "DiffuserPlanner", "EpisodeResult", "execute_plan"]
+           "cosine_beta_schedule", "train_diffuser", "DiffuserPlanner", "EpisodeResult", "execute_plan",
+           "execute_plans"]

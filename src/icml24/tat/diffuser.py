@@ -242,12 +242,15 @@ class GaussianDiffusion(nn.Module):
 def train_diffuser(diffusion: GaussianDiffusion, windows: Callable[[int, torch.Generator], torch.Tensor], *,
                    steps: int, batch_size: int = 64, lr: float = 1e-3, ema_decay: float = 0.995,
                    generator: torch.Generator | None = None, progress: Callable | None = None,
-                   goal_conditioned: bool = True) -> tuple[GaussianDiffusion, list[float]]:
+                   goal_conditioned: bool = True,
+                   on_step: Callable[[int, GaussianDiffusion], None] | None = None
+                   ) -> tuple[GaussianDiffusion, list[float]]:
     """Adam on the x_0 loss with start (and goal) inpainting; returns (EMA copy of the model, loss curve).
 
     Args:
         windows: ``(batch_size, generator) -> [B, H, D]`` normalised training windows.
         steps: optimiser steps; lr: Adam lr (Diffuser 2e-4; 1e-3 here for a short CPU budget); ema_decay: 0.995.
+        on_step: called as ``on_step(steps_done, ema)`` after every step (e.g. to evaluate snapshots).
     """
     v.integer("train_diffuser", "steps", steps, minimum=1)
     v.integer("train_diffuser", "batch_size", batch_size, minimum=1)
@@ -270,4 +273,6 @@ def train_diffuser(diffusion: GaussianDiffusion, windows: Callable[[int, torch.G
             for pe, p in zip(ema.model.parameters(), diffusion.model.parameters(), strict=True):
                 pe.lerp_(p, 1 - ema_decay)
         curve.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(len(curve), ema)
     return ema, curve

@@ -123,6 +123,17 @@ class Maze:
             return True
         return bool(self.walls[i0:i1 + 1, j0:j1 + 1].any())
 
+    def boxes_hit_walls(self, x: np.ndarray, y: np.ndarray, r: float) -> np.ndarray:
+        """:meth:`box_hits_wall` for arrays of centres (``r < 0.5``: a box overlaps at most 2 × 2 cells)."""
+        i0, i1 = np.floor(x - r + 0.5).astype(int), np.floor(x + r + 0.5 - 1e-12).astype(int)
+        j0, j1 = np.floor(y - r + 0.5).astype(int), np.floor(y + r + 0.5 - 1e-12).astype(int)
+        out = (i0 < 0) | (j0 < 0) | (i1 >= self.shape[0]) | (j1 >= self.shape[1])
+        h, w = self.shape[0] - 1, self.shape[1] - 1
+        for i in (np.clip(i0, 0, h), np.clip(i1, 0, h)):
+            for j in (np.clip(j0, 0, w), np.clip(j1, 0, w)):
+                out |= self.walls[i, j]
+        return out
+
 
 def segments_cross_walls(maze: Maze, p: np.ndarray, q: np.ndarray, *, radius: float = 0.0) -> np.ndarray:
     """Exact test of straight segments ``p[k] → q[k]`` against the wall squares (slab method).
@@ -189,19 +200,23 @@ class PointMaze2D(_gym_base()):  # type: ignore[misc]
     """Point mass in a Maze2D layout with a gymnasium API (``reset``/``step``, Box spaces).
 
     Observation ``(x, y, vx, vy)``; action a force in ``[-1, 1]²``; reward 1 while within ``goal_radius`` of
-    the goal (D4RL's sparse maze2d reward); episodes truncate after ``max_episode_steps``.
+    the goal (D4RL's sparse maze2d reward); episodes truncate after ``max_episode_steps``. With
+    ``terminate_on_contact`` a step in which a wall stops the agent ends the episode (``terminated``; its reward
+    still counts), so a plan through a wall fails instead of sliding along it; ``info["contact"]`` says whether
+    a wall stopped the agent in that step either way.
     """
 
     metadata = {"render_modes": []}
 
     def __init__(self, maze: str | Maze = "umaze", *, dt: float = 0.1, gain: float = 10.0, v_max: float = 3.0,
                  agent_radius: float = 0.1, goal_radius: float = 0.5, max_episode_steps: int = 300,
-                 reset_noise: float = 0.1) -> None:
+                 reset_noise: float = 0.1, terminate_on_contact: bool = False) -> None:
         """Args:
             maze: a layout name or a :class:`Maze`.
             dt: time step; gain: force-to-acceleration factor; v_max: speed limit per axis (cells / time).
             agent_radius: half-width of the agent's square; goal_radius: reward radius.
             max_episode_steps: truncation; reset_noise: uniform noise on the start position (D4RL: 0.1).
+            terminate_on_contact: end the episode at the first wall contact.
         """
         self.maze = maze if isinstance(maze, Maze) else Maze(maze)
         for n, x in (("dt", dt), ("gain", gain), ("v_max", v_max), ("goal_radius", goal_radius)):
@@ -212,6 +227,7 @@ class PointMaze2D(_gym_base()):  # type: ignore[misc]
         self.dt, self.gain, self.v_max = float(dt), float(gain), float(v_max)
         self.r, self.goal_radius, self.max_episode_steps = float(agent_radius), float(goal_radius), max_episode_steps
         self.reset_noise = float(reset_noise)
+        self.terminate_on_contact = bool(terminate_on_contact)
         try:
             from gymnasium import spaces
             h, w = self.maze.shape
@@ -248,12 +264,13 @@ class PointMaze2D(_gym_base()):  # type: ignore[misc]
     def set_state(self, state: np.ndarray) -> None:
         self.state = np.asarray(state, float).copy()
 
-    def _move_axis(self, pos: np.ndarray, vel: np.ndarray, k: int) -> None:
+    def _move_axis(self, pos: np.ndarray, vel: np.ndarray, k: int) -> bool:
+        """Move along axis ``k``; returns whether a wall stopped the agent."""
         new = pos.copy()
         new[k] = pos[k] + self.dt * vel[k]
         if not self.maze.box_hits_wall(new[0], new[1], self.r):
             pos[k] = new[k]
-            return
+            return False
         # stop at the wall face: bisect the free fraction of the step
         lo, hi = 0.0, 1.0
         for _ in range(30):
@@ -265,24 +282,58 @@ class PointMaze2D(_gym_base()):  # type: ignore[misc]
                 lo = mid
         pos[k] = pos[k] + lo * self.dt * vel[k]
         vel[k] = 0.0
+        return True
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         a = np.clip(np.asarray(action, dtype=float).reshape(2), -1.0, 1.0)
         pos, vel = self.state[:2].copy(), self.state[2:].copy()
         vel = np.clip(vel + self.gain * self.dt * a, -self.v_max, self.v_max)
-        self._move_axis(pos, vel, 0)
-        self._move_axis(pos, vel, 1)
+        contact = self._move_axis(pos, vel, 0)
+        contact = self._move_axis(pos, vel, 1) or contact
         self.state = np.concatenate([pos, vel])
         self.t += 1
         reward = float(np.linalg.norm(pos - self.goal) <= self.goal_radius)
-        return self.state.copy(), reward, False, self.t >= self.max_episode_steps, {"goal": self.goal.copy()}
+        return (self.state.copy(), reward, contact and self.terminate_on_contact, self.t >= self.max_episode_steps,
+                {"goal": self.goal.copy(), "contact": contact})
+
+    def step_batch(self, states: np.ndarray, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`step`'s dynamics for a batch of independent agents, without touching the env's own state:
+        ``states [K, 4]``, ``actions [K, 2]`` → ``(next states [K, 4], wall contact [K])``, bit-equal to
+        :meth:`step` on each row."""
+        a = np.clip(np.asarray(actions, dtype=float), -1.0, 1.0)
+        pos, vel = states[:, :2].copy(), states[:, 2:].copy()
+        vel = np.clip(vel + self.gain * self.dt * a, -self.v_max, self.v_max)
+        contact = np.zeros(len(pos), dtype=bool)
+        for k in (0, 1):
+            new = pos.copy()
+            new[:, k] = pos[:, k] + self.dt * vel[:, k]
+            hit = self.maze.boxes_hit_walls(new[:, 0], new[:, 1], self.r)
+            free = ~hit
+            pos[free, k] = new[free, k]
+            if hit.any():
+                p, vk = pos[hit], vel[hit, k]
+                lo, hi = np.zeros(len(p)), np.ones(len(p))
+                trial = p.copy()
+                for _ in range(30):
+                    mid = 0.5 * (lo + hi)
+                    trial[:, k] = p[:, k] + mid * self.dt * vk
+                    bad = self.maze.boxes_hit_walls(trial[:, 0], trial[:, 1], self.r)
+                    hi = np.where(bad, mid, hi)
+                    lo = np.where(bad, lo, mid)
+                pos[hit, k] = p[:, k] + lo * self.dt * vk
+                vel[hit, k] = 0.0
+            contact |= hit
+        return np.concatenate([pos, vel], axis=1), contact
 
     def tracking_action(self, target: np.ndarray) -> np.ndarray:
         """Force that drives the state to ``target = (x, y, vx, vy)`` in one step where the limits allow
         (the role of Diffuser's maze2d waypoint controller ``a = (wp_xy − xy) + (wp_v − v)``)."""
-        pos, vel = self.state[:2], self.state[2:]
-        v_need = (np.asarray(target[:2]) - pos) / self.dt
-        return np.clip((v_need - vel) / (self.gain * self.dt), -1.0, 1.0)
+        return self.tracking_actions(self.state[None], np.asarray(target)[None])[0]
+
+    def tracking_actions(self, states: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """:meth:`tracking_action` for a batch: ``states [K, 4]``, ``targets [K, ≥2]`` → ``[K, 2]``."""
+        v_need = (targets[:, :2] - states[:, :2]) / self.dt
+        return np.clip((v_need - states[:, 2:]) / (self.gain * self.dt), -1.0, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -363,7 +414,8 @@ def _pd(pos: np.ndarray, vel: np.ndarray, wp: np.ndarray, kp: float, kd: float) 
 def expert_return(env: PointMaze2D, *, start: np.ndarray, goal: np.ndarray, steps: int, kp: float = 1.0,
                   kd: float = 0.35) -> float:
     """Return of the noise-free BFS + PD expert from ``start`` to ``goal`` over ``steps`` steps: the reference
-    maximum of the normalised score (D4RL normalises maze2d returns by an expert reference)."""
+    maximum of the normalised score (D4RL normalises maze2d returns by an expert reference); it ends early
+    where ``env`` terminates (a wall contact when ``env.terminate_on_contact``)."""
     m = env.maze
     obs, _ = env.reset(options={"start": start, "goal": goal})
     path = m.shortest_path(m.cell_of(obs), m.cell_of(goal))
@@ -374,6 +426,8 @@ def expert_return(env: PointMaze2D, *, start: np.ndarray, goal: np.ndarray, step
         while k < len(path) - 1 and np.linalg.norm(pos - np.array(path[k], float)) < 0.5:
             k += 1
         wp = np.array(goal, float) if k == len(path) - 1 else np.array(path[k], float)
-        obs, r, _, _, _ = env.step(_pd(pos, obs[2:], wp, kp, kd))
+        obs, r, terminated, _, _ = env.step(_pd(pos, obs[2:], wp, kp, kd))
         total += r
+        if terminated:
+            break
     return total
