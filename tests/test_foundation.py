@@ -21,7 +21,14 @@ from icml24.common.results import (
     paired_check,
     verdict,
 )
-from icml24.common.stats import mean_std, one_sample_ci, paired_ci, paired_difference, summarize
+from icml24.common.stats import (
+    cluster_bootstrap_ci,
+    mean_std,
+    one_sample_ci,
+    paired_ci,
+    paired_difference,
+    summarize,
+)
 from icml24.report import render_results_md
 
 SRC = Path(registry.__file__).parent
@@ -169,6 +176,32 @@ def test_paired_ci_matches_scipy_on_a_worked_example():
     assert boot["ci_low"] == pytest.approx(t["ci_low"], abs=0.15)
     one = one_sample_ci([1.0, 2.0, 3.0])
     assert (one["ci_low"], one["ci_high"]) == pytest.approx(st.t.interval(0.95, 2, loc=2.0, scale=st.sem([1, 2, 3])))
+
+
+def test_cluster_bootstrap_resamples_clusters_then_units():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(5), 60)
+    noise = rng.normal(0, 1, 300)
+    # one cluster per unit: the two-stage bootstrap is the plain bootstrap (same width up to resampling noise)
+    lo1, hi1 = cluster_bootstrap_ci(noise, np.arange(300))
+    boot = paired_ci(noise, np.zeros(300), bootstrap=True)
+    assert abs((hi1 - lo1) - (boot["ci_high"] - boot["ci_low"])) < 0.05
+    # identical clusters: only the within-cluster resampling remains (no wider than the plain bootstrap)
+    same = np.tile(noise[:60], 5)
+    lo2, hi2 = cluster_bootstrap_ci(same, labels)
+    assert lo2 < same.mean() < hi2 and hi2 - lo2 < 1.2 * (hi1 - lo1)
+    # clusters that differ: the interval covers the spread of the cluster means, far wider than units alone
+    shifted = noise + np.repeat([-3.0, -1.0, 0.0, 1.0, 3.0], 60)
+    lo3, hi3 = cluster_bootstrap_ci(shifted, labels)
+    assert hi3 - lo3 > 5 * (hi1 - lo1) and lo3 < shifted.mean() < hi3
+    assert cluster_bootstrap_ci(shifted, labels, seed=3) != (lo3, hi3)
+    assert cluster_bootstrap_ci(shifted, labels) == (lo3, hi3)  # seeded
+    st = paired_ci(shifted, np.zeros(300), clusters=labels)
+    assert (st["ci_low"], st["ci_high"]) == (lo3, hi3)
+    with pytest.raises(ValueError, match=">= 2 clusters"):
+        cluster_bootstrap_ci(noise, np.zeros(300))
+    with pytest.raises(ValueError, match="cluster labels"):
+        cluster_bootstrap_ci(noise, labels[:10])
 
 
 def test_paired_check_clears_the_threshold_with_its_interval():
