@@ -22,7 +22,8 @@ from icml24.tat.experiment import (
     run,
     train_maze_model,
 )
-from icml24.tat.planner import execute_plan
+from icml24.tat.maze import Maze, expert_return
+from icml24.tat.planner import execute_plan, execute_plans
 from tests.shared_checker import check_results_file
 
 
@@ -171,6 +172,11 @@ def test_arms_share_the_batch_and_same_seed_same_numbers():
         r = execute_plan(env, plan, start=ex["start"], goal=ex["goal"], steps=steps)
         assert a["arms"][arm]["infeasible"][e] == r.infeasible and a["arms"][arm]["contact"][e] == r.contact
     assert all(o >= v for o, v in zip(a["arms"][ORACLE]["score"], a["arms"]["vanilla"]["score"], strict=True))
+    # the oracle is the best of all N samples (sample 0 included), the batch arm their mean
+    ref = max(expert_return(env, start=ex["start"], goal=ex["goal"], steps=steps), 1.0)
+    every = 100.0 * execute_plans(env, ex["samples"], start=ex["start"], goal=ex["goal"], steps=steps)["ret"] / ref
+    assert a["arms"][ORACLE]["score"][e] == every.max() and a["arms"][BATCH]["score"][e] == pytest.approx(every.mean())
+    assert a["arms"]["vanilla"]["score"][e] == every[0]
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -193,3 +199,33 @@ def test_arms_share_the_batch_and_same_seed_same_numbers():
 def test_bad_config_raises(kw, match):
     with pytest.raises(ValueError, match=match):
         Config(**kw)
+
+
+class _StubPlanner:
+    """A planner whose sample 0 walks the U-maze's free corridor to the goal, sample 1 runs into the wall and the
+    others walk the same path 4 steps later: the oracle must pick sample 0, the batch average count the failure."""
+
+    maze = Maze("umaze")
+    horizon = 16
+
+    class normalizer:  # noqa: N801 - the planner's interface
+        @staticmethod
+        def unnormalize(x):
+            return x
+
+    def sample(self, *, start, goal, n_samples, n_steps=None, generator=None):
+        good = np.linspace([*start, 0, 0], [goal[0], goal[1], 0, 0], self.horizon)
+        late = np.concatenate([good[:1].repeat(4, 0), good[:-4]])  # the same path, 4 steps later
+        bad = np.linspace([*start, 0, 0], [start[0] + 2.0, start[1], 0, 0], self.horizon)  # down into row 2
+        plans = np.stack([good, bad] + [late] * (n_samples - 2))
+        return plans, plans
+
+
+def test_the_oracle_takes_the_best_sample_even_when_it_is_the_first(monkeypatch):
+    import icml24.tat.experiment as ex
+    monkeypatch.setattr(ex, "_task", lambda m, rng: (np.array([1.0, 1.0]), np.array([1.0, 3.0])))
+    cfg = Config.quick().replace(episodes_per_seed=5, n_samples=8)
+    out = evaluate_maze(cfg, _StubPlanner(), seed=0, vanilla_only=True)["arms"]
+    assert min(out[ORACLE]["score"]) > 0 and out[ORACLE]["score"] == out["vanilla"]["score"]
+    assert out[BATCH]["contact"] == [1 / 8] * 5 and out[ORACLE]["contact"] == [0.0] * 5
+    assert all(b < v for b, v in zip(out[BATCH]["score"], out["vanilla"]["score"], strict=True))
