@@ -264,42 +264,20 @@ class PointMaze2D(_gym_base()):  # type: ignore[misc]
     def set_state(self, state: np.ndarray) -> None:
         self.state = np.asarray(state, float).copy()
 
-    def _move_axis(self, pos: np.ndarray, vel: np.ndarray, k: int) -> bool:
-        """Move along axis ``k``; returns whether a wall stopped the agent."""
-        new = pos.copy()
-        new[k] = pos[k] + self.dt * vel[k]
-        if not self.maze.box_hits_wall(new[0], new[1], self.r):
-            pos[k] = new[k]
-            return False
-        # stop at the wall face: bisect the free fraction of the step
-        lo, hi = 0.0, 1.0
-        for _ in range(30):
-            mid = 0.5 * (lo + hi)
-            new[k] = pos[k] + mid * self.dt * vel[k]
-            if self.maze.box_hits_wall(new[0], new[1], self.r):
-                hi = mid
-            else:
-                lo = mid
-        pos[k] = pos[k] + lo * self.dt * vel[k]
-        vel[k] = 0.0
-        return True
-
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        a = np.clip(np.asarray(action, dtype=float).reshape(2), -1.0, 1.0)
-        pos, vel = self.state[:2].copy(), self.state[2:].copy()
-        vel = np.clip(vel + self.gain * self.dt * a, -self.v_max, self.v_max)
-        contact = self._move_axis(pos, vel, 0)
-        contact = self._move_axis(pos, vel, 1) or contact
-        self.state = np.concatenate([pos, vel])
+        a = np.asarray(action, dtype=float).reshape(1, 2)
+        nxt, hit = self.step_batch(self.state[None], a)
+        self.state, contact = nxt[0], bool(hit[0])
         self.t += 1
-        reward = float(np.linalg.norm(pos - self.goal) <= self.goal_radius)
+        reward = float(np.linalg.norm(self.state[:2] - self.goal) <= self.goal_radius)
         return (self.state.copy(), reward, contact and self.terminate_on_contact, self.t >= self.max_episode_steps,
                 {"goal": self.goal.copy(), "contact": contact})
 
     def step_batch(self, states: np.ndarray, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`step`'s dynamics for a batch of independent agents, without touching the env's own state:
-        ``states [K, 4]``, ``actions [K, 2]`` → ``(next states [K, 4], wall contact [K])``, bit-equal to
-        :meth:`step` on each row."""
+        """The dynamics of :meth:`step` for a batch of independent agents, without touching the env's own state:
+        ``states [K, 4]``, ``actions [K, 2]`` → ``(next states [K, 4], wall contact [K])``. Per axis, an agent
+        whose move would enter a wall stops at the wall face (bisection of the free fraction of the step) with
+        that velocity component zeroed."""
         a = np.clip(np.asarray(actions, dtype=float), -1.0, 1.0)
         pos, vel = states[:, :2].copy(), states[:, 2:].copy()
         vel = np.clip(vel + self.gain * self.dt * a, -self.v_max, self.v_max)
