@@ -15,7 +15,9 @@ import numpy as np
 import torch
 
 from icml24.common.seeding import seed_everything
+from icml24.tat.diffuser import LimitsNormalizer
 from icml24.tat.experiment import BATCH, ORACLE, Config, evaluate_maze, train_maze_model
+from icml24.tat.maze import Maze, collect_dataset
 from icml24.tat.planner import DiffuserPlanner
 
 
@@ -35,16 +37,15 @@ def main() -> None:
                  episodes_per_seed=a.episodes, workers=1, hidden=a.hidden, data_steps=a.data_steps,
                  batch_size=a.batch_size)
     seed_everything(a.seed)
-    t0 = time.perf_counter()
-    rows = []
-    planner_box: dict = {}
+    # the normaliser train_maze_model fits: the same dataset (same maze, length and seed)
+    norm = LimitsNormalizer(collect_dataset(a.maze, n_steps=cfg.data_steps, seed=a.seed).observations)
 
     def on_step(k: int, ema) -> None:
         if k in a.milestones:
             t_train = time.perf_counter() - t0
-            p = DiffuserPlanner(diffusion=ema.eval(), normalizer=planner_box["norm"], maze=planner_box["maze"])
+            p = DiffuserPlanner(diffusion=ema.eval(), normalizer=norm, maze=Maze(a.maze))
             t1 = time.perf_counter()
-            ev = evaluate_maze(cfg, p, seed=a.seed)
+            ev = evaluate_maze(cfg, p, seed=a.seed, vanilla_only=True)
             ema.train()
             r = {"maze": a.maze, "seed": a.seed, "hidden": a.hidden, "data_steps": a.data_steps,
                  "batch_size": a.batch_size, "train_steps": k, "train_s": round(t_train, 1),
@@ -52,12 +53,8 @@ def main() -> None:
             for arm in ("vanilla", ORACLE, BATCH):
                 for m in ("infeasible", "contact", "success", "score"):
                     r[f"{arm}_{m}"] = round(float(np.mean(ev["arms"][arm][m])), 4)
-            rows.append(r)
             print(json.dumps(r), flush=True)
 
-    # the normaliser and maze are those train_maze_model builds; take them from a zero-step twin
-    twin, _ = train_maze_model(cfg, a.maze, a.horizon, seed=a.seed, train_steps=1)
-    planner_box.update(norm=twin.normalizer, maze=twin.maze)
     t0 = time.perf_counter()
     train_maze_model(cfg, a.maze, a.horizon, seed=a.seed, train_steps=max(a.milestones), on_step=on_step)
 

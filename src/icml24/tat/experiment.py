@@ -293,7 +293,7 @@ def run(cfg: Config, out_dir: Path) -> RunResult:
                     desc=f"{SLUG} train + eval")
     evals = {(j[0], j[3]): d for j, d in zip(jobs, done, strict=True)}
     o = Outcomes(cfg.mazes, cfg.seeds, evals)
-    arms = [a for a in evals[jobs[0][0], jobs[0][3]]["arms"]]
+    arms = list(evals[jobs[0][0], jobs[0][3]]["arms"])
     for s in cfg.seeds:
         rec.add_seed(s, {a: {f"{mz}_{k}": float(np.mean(evals[mz, s]["arms"][a][k])) for mz in cfg.mazes
                              for k in METRICS} for a in arms})
